@@ -1,0 +1,66 @@
+# sessionfleet — every build, check and test step lives here.
+#
+#   make test        lint, type-check, layer contracts, CRD drift check, unit and e2e tests
+#   make crds        regenerate crds/ from the API models
+#   make crds-check  fail when the committed CRDs drift from the models
+
+SHELL := /bin/bash
+# The folder operator/ would shadow the standard library's `operator` module for any
+# `python -m` run from the repository root (Python puts the working directory first
+# on sys.path). PYTHONSAFEPATH (Python >= 3.11) stops that.
+export PYTHONSAFEPATH := 1
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: venv lint typecheck layers crds crds-check unit test clean
+
+# The editable install is "strict": a link tree under build/ maps operator/ to
+# sessionfleet/ and controllers/ to sessionfleet/controllers/, so mypy, import-linter
+# and other static tools see the package (setuptools' default editable finder is an
+# import hook they cannot follow). The tree is relinked when the list of files changes.
+PKG_FILES := $(sort $(shell find operator controllers -name '*.py' -o -name py.typed))
+FILE_LIST := build/.package-files
+$(shell mkdir -p build; echo "$(PKG_FILES)" | cmp -s - $(FILE_LIST) || echo "$(PKG_FILES)" > $(FILE_LIST))
+EDITABLE := --config-settings editable_mode=strict
+
+# The virtual environment is reused while pyproject.toml is unchanged.
+$(VENV)/.deps: pyproject.toml
+	@echo "==> installing sessionfleet and its development tools into $(VENV)"
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]' $(EDITABLE) > build/install.log 2>&1 \
+		|| { cat build/install.log; exit 1; }
+	touch $@
+
+$(STAMP): $(VENV)/.deps $(FILE_LIST)
+	$(PY) -m pip install --quiet --no-deps -e . $(EDITABLE) > build/relink.log 2>&1 \
+		|| { cat build/relink.log; exit 1; }
+	touch $@
+
+venv: $(STAMP)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check operator controllers
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy -p sessionfleet
+
+layers: $(STAMP)
+	$(VENV)/bin/lint-imports
+
+crds: $(STAMP)
+	$(VENV)/bin/sessionfleet crds --output-dir crds
+
+crds-check: $(STAMP)
+	$(VENV)/bin/sessionfleet crds --output-dir crds --check
+
+unit: $(STAMP)
+	$(VENV)/bin/pytest -q tests
+
+test: lint typecheck layers crds-check unit
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

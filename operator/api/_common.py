@@ -1,0 +1,370 @@
+"""Building blocks shared by every kind.
+
+Base models, enums with descriptions, durations, conditions, label selectors and
+CEL rule declarations.
+
+Everything here is pure: no I/O, so that the API can be imported by the router's
+hot path, the simulator and the CRD generator alike.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from enum import StrEnum
+from typing import Annotated, Any, ClassVar, Final, Self
+
+from pydantic import (
+    AliasGenerator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    GetJsonSchemaHandler,
+    StringConstraints,
+    model_validator,
+)
+from pydantic.alias_generators import to_camel
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema
+
+GROUP = "sessionfleet.dev"
+VERSION = "v1alpha1"
+API_VERSION: Final = "sessionfleet.dev/v1alpha1"
+
+# The CRD generator folds this key into the field's description and removes it.
+MEMBER_DESCRIPTIONS_KEY = "x-sessionfleet-members"
+
+# --- enums --------------------------------------------------------------------------
+
+
+class DescribedEnum(StrEnum):
+    """A string enum whose members each carry one sentence of documentation.
+
+    Members are declared as ``NAME = "Value", "What it means."``; the sentence ends
+    up in the CRD field description, so ``kubectl explain`` lists every value.
+    """
+
+    description: str
+
+    def __new__(cls, value: str, description: str = "") -> Self:
+        member = str.__new__(cls, value)
+        member._value_ = value
+        member.description = description
+        return member
+
+    @classmethod
+    def describe_members(cls) -> str:
+        """Return one line per member, ``Value: description``, for schema text."""
+        return "\n".join(f"{m.value}: {m.description}" for m in cls)
+
+    @classmethod
+    def __get_pydantic_json_schema__(
+        cls, core_schema: CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        schema = handler.resolve_ref_schema(handler(core_schema))
+        schema[MEMBER_DESCRIPTIONS_KEY] = cls.describe_members()
+        return schema
+
+
+class ConditionStatus(DescribedEnum):
+    """Whether a condition holds."""
+
+    TRUE = "True", "The condition holds."
+    FALSE = "False", "The condition does not hold."
+    UNKNOWN = "Unknown", "The controller cannot tell yet."
+
+
+class ConditionType(DescribedEnum):
+    """The kinds of condition the controllers set."""
+
+    READY = "Ready", "The object is doing its job: a worker serves, a session is bound."
+    VALID = "Valid", "The spec could be parsed and acted on."
+    DRAINING = "Draining", "A drain of the worker is in progress."
+    DRAIN_HELD = "DrainHeld", "Eviction of the worker's pod is blocked because sessions are pinned."
+    RECOVERING = "Recovering", "The worker's pod is being replaced by a new epoch."
+    CHECKPOINTED = "Checkpointed", "A usable checkpoint of the worker exists."
+    CONFLICT = "Conflict", "More than one DrainPolicy selects the same worker."
+
+
+class Reason(DescribedEnum):
+    """Machine-readable reasons for conditions and events (CamelCase constants)."""
+
+    INVALID_SPEC = "InvalidSpec", "The spec could not be parsed; the message names the field."
+    PARSED = "Parsed", "The spec was parsed and accepted."
+    POD_PENDING = "PodPending", "The worker's pod exists but is not scheduled or not started."
+    POD_STARTING = "PodStarting", "The worker's pod runs but is not ready yet."
+    POD_READY = "PodReady", "The worker's pod is ready to serve."
+    POD_FAILED = "PodFailed", "The worker's pod failed."
+    POD_DELETED = "PodDeleted", "The worker's pod was deleted by someone other than the operator."
+    NODE_NOT_READY = "NodeNotReady", "The worker's node has been NotReady beyond the toleration."
+    NEW_EPOCH = "NewEpoch", "A new pod (epoch) replaces the previous one."
+    NO_READY_WORKER = "NoReadyWorker", "No Ready worker serves the session's model."
+    NO_CAPACITY = "NoCapacity", "Every worker serving the model is at capacity."
+    PINNED_WORKER_UNAVAILABLE = (
+        "PinnedWorkerUnavailable",
+        "The worker the session is pinned to is missing, not Ready or full.",
+    )
+    BOUND = "Bound", "The session is bound to a worker."
+    WORKER_DELETED = "WorkerDeleted", "The session's worker was deleted; its cache is gone."
+    WORKER_RECOVERING = "WorkerRecovering", "The session's worker is being recreated."
+    MIGRATING = "Migrating", "The session moves to another worker at its next turn boundary."
+    FINISHED_BY_CLIENT = "FinishedByClient", "The client marked the session finished."
+    IDLE_TIMEOUT = "IdleTimeout", "The session had no turn for longer than the idle timeout."
+    DRAIN_REQUESTED = "DrainRequested", "The worker's spec asks for a drain (drain: true)."
+    NODE_CORDONED = "NodeCordoned", "The worker's node was cordoned (unschedulable)."
+    DISRUPTION_TAINT = "DisruptionTaint", "The worker's node carries a disruption taint."
+    SESSIONS_PINNED = "SessionsPinned", "Sessions are still pinned to the worker."
+    GRACE_PERIOD_EXPIRED = "GracePeriodExpired", "The drain's grace period passed: migrating."
+    DEADLINE_REACHED = "DeadlineReached", "The drain deadline passed."
+    DRAINED = "Drained", "No session is pinned to the worker any more."
+    POLICY_CONFLICT = "PolicyConflict", "Several DrainPolicies select this worker."
+    POLICY_NOT_FOUND = "PolicyNotFound", "The referenced DrainPolicy does not exist."
+    CHECKPOINT_SUCCEEDED = "CheckpointSucceeded", "The checkpoint was written."
+    CHECKPOINT_FAILED = "CheckpointFailed", "The checkpoint could not be written."
+    DRIVER_UNSUPPORTED = "DriverUnsupported", "The checkpoint driver cannot run on this node."
+
+
+class EngineType(DescribedEnum):
+    """The inference engine a worker runs."""
+
+    VLLM = "vllm", "The vLLM OpenAI-compatible server: the production engine."
+    SIM = "sim", "The simulated vLLM-compatible engine, for tests, benchmarks and sandboxes."
+
+
+class CheckpointDriver(DescribedEnum):
+    """How a worker's state is saved and restored."""
+
+    NONE = "none", "No checkpoints: a lost or drained worker's sessions recompute their prefix."
+    ENGINE = "engine", "The engine exports its KV state to shared storage and re-imports it."
+    CRIU = "criu", "The node agent checkpoints GPU state (CUDA API) and dumps the process (CRIU)."
+    KUBELET = "kubelet", "The kubelet checkpoint API, through the API server's node proxy."
+
+
+# --- scalar types -------------------------------------------------------------------
+
+DURATION_PATTERN = r"^([0-9]+h)?([0-9]+m)?([0-9]+s)?$"
+_DURATION_PARTS = re.compile(r"([0-9]+)([hms])")
+_UNIT_SECONDS = {"h": 3600, "m": 60, "s": 1}
+
+Duration = Annotated[
+    str,
+    StringConstraints(pattern=DURATION_PATTERN, min_length=2, max_length=16),
+    Field(
+        description="A duration such as 90s, 30m or 1h30m (hours, minutes and seconds).",
+        examples=["90s", "30m", "1h30m"],
+    ),
+]
+"""A duration written as Kubernetes CEL's ``duration()`` reads it: ``1h30m``, ``90s``."""
+
+
+def parse_duration(text: str) -> timedelta:
+    """Return the :class:`timedelta` for a :data:`Duration` string such as ``1h30m``."""
+    if not text or re.fullmatch(DURATION_PATTERN, text) is None:
+        raise ValueError(f"not a duration: {text!r} (expected forms such as 90s, 30m, 1h30m)")
+    seconds = sum(int(n) * _UNIT_SECONDS[unit] for n, unit in _DURATION_PARTS.findall(text))
+    return timedelta(seconds=seconds)
+
+
+DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+ObjectName = Annotated[
+    str,
+    StringConstraints(pattern=DNS_LABEL_PATTERN, min_length=1, max_length=63),
+    Field(description="The name of an object in the same namespace."),
+]
+ModelName = Annotated[
+    str,
+    StringConstraints(min_length=1, max_length=256),
+    Field(description="The served model's name, as clients send it in the request's model field."),
+]
+REASON_PATTERN = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
+
+
+# --- CEL rules ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CelRule:
+    """One ``x-kubernetes-validations`` rule, declared on the model it constrains.
+
+    ``check`` is the same rule in Python for rules that read only the new object,
+    so that a spec the API server would reject is also rejected when the operator or
+    a test parses it. Transition rules (those using ``oldSelf``) have no ``check``:
+    only the API server sees the old object.
+    """
+
+    rule: str
+    message: str
+    field_path: str | None = None
+    check: Callable[[Any], bool] | None = None
+
+    def to_schema(self) -> dict[str, str]:
+        """Return the rule as it appears in a CRD schema."""
+        out = {"rule": self.rule, "message": self.message}
+        if self.field_path:
+            out["fieldPath"] = self.field_path
+        return out
+
+
+def field_rules(*rules: CelRule) -> dict[str, Any]:
+    """Field ``json_schema_extra`` attaching CEL rules to that field's schema node."""
+    return {"x-kubernetes-validations": [rule.to_schema() for rule in rules]}
+
+
+def immutable(what: str) -> dict[str, Any]:
+    """Field ``json_schema_extra`` making the field immutable once set."""
+    return field_rules(CelRule("self == oldSelf", f"{what} is immutable"))
+
+
+def _emit_cel_rules(schema: dict[str, Any], model: type[Any]) -> None:
+    """Write a model's declared :class:`CelRule` objects onto its schema node."""
+    rules = getattr(model, "cel_rules", ())
+    if rules:
+        schema["x-kubernetes-validations"] = [rule.to_schema() for rule in rules]
+
+
+# --- base models --------------------------------------------------------------------
+
+
+class ApiModel(BaseModel):
+    """Base of every spec and status model: camelCase on the wire, no unknown fields.
+
+    Subclasses may list :class:`CelRule` objects in ``cel_rules``; the generator
+    emits them on the model's schema node and :meth:`_check_cel_rules` enforces those
+    that have a Python ``check``.
+    """
+
+    model_config = ConfigDict(
+        alias_generator=AliasGenerator(alias=to_camel),
+        populate_by_name=True,
+        extra="forbid",
+        use_enum_values=False,
+        validate_default=True,
+        json_schema_extra=_emit_cel_rules,
+    )
+
+    cel_rules: ClassVar[tuple[CelRule, ...]] = ()
+
+    @model_validator(mode="after")
+    def _check_cel_rules(self) -> Self:
+        for cel_rule in type(self).cel_rules:
+            if cel_rule.check is not None and not cel_rule.check(self):
+                raise ValueError(cel_rule.message)
+        return self
+
+    def wire(self) -> dict[str, Any]:
+        """Return the object as the API server stores it (camelCase, no unset fields)."""
+        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+def nested_default() -> dict[str, Any]:
+    """Field ``json_schema_extra`` giving an object field the CRD default ``{}``.
+
+    Pydantic does not write defaults built by a factory into the schema; an empty
+    object default makes the API server apply the nested fields' own defaults when a
+    user leaves the whole object out, as the model does.
+    """
+    return {"default": {}}
+
+
+class Condition(ApiModel):
+    """The state of one aspect of an object, in the shape of metav1.Condition."""
+
+    type: ConditionType = Field(description="The aspect this condition describes.")
+    status: ConditionStatus = Field(description="Whether the condition holds.")
+    reason: Annotated[str, StringConstraints(pattern=REASON_PATTERN, max_length=1024)] = Field(
+        description="A CamelCase reason for the last transition (see the Reason enum)."
+    )
+    message: Annotated[str, StringConstraints(max_length=32768)] = Field(
+        default="", description="A human-readable explanation of the last transition."
+    )
+    last_transition_time: datetime = Field(description="When the condition last changed status.")
+    observed_generation: int | None = Field(
+        default=None, ge=0, description="The metadata.generation this condition was set from."
+    )
+
+
+def conditions_field(kind: str) -> Any:
+    """Return the ``conditions`` field of a status: a list map keyed by type (metav1)."""
+    return Field(
+        default_factory=list,
+        max_length=16,
+        json_schema_extra={
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["type"],
+        },
+        description=f"The {kind}'s conditions, one per type.",
+    )
+
+
+class LabelSelectorOperator(DescribedEnum):
+    """Operators of a set-based label requirement."""
+
+    IN = "In", "The label's value is one of the values."
+    NOT_IN = "NotIn", "The label is absent or its value is none of the values."
+    EXISTS = "Exists", "The label is present, whatever its value."
+    DOES_NOT_EXIST = "DoesNotExist", "The label is absent."
+
+
+class LabelSelectorRequirement(ApiModel):
+    """One set-based label requirement."""
+
+    key: Annotated[str, StringConstraints(min_length=1, max_length=317)] = Field(
+        description="The label key the requirement applies to."
+    )
+    operator: LabelSelectorOperator = Field(description="How the key relates to the values.")
+    values: list[Annotated[str, StringConstraints(max_length=63)]] = Field(
+        default_factory=list,
+        max_length=64,
+        description="The values for In and NotIn; empty for Exists and DoesNotExist.",
+    )
+
+
+class LabelSelector(ApiModel):
+    """Selects objects by their labels; an empty selector selects everything."""
+
+    match_labels: dict[str, Annotated[str, StringConstraints(max_length=63)]] = Field(
+        default_factory=dict, description="Labels that must all be present with these values."
+    )
+    match_expressions: list[LabelSelectorRequirement] = Field(
+        default_factory=list, max_length=32, description="Requirements that must all hold."
+    )
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        """Return whether ``labels`` satisfy this selector."""
+        if any(labels.get(key) != value for key, value in self.match_labels.items()):
+            return False
+        for req in self.match_expressions:
+            present = req.key in labels
+            value = labels.get(req.key)
+            match req.operator:
+                case LabelSelectorOperator.IN:
+                    ok = present and value in req.values
+                case LabelSelectorOperator.NOT_IN:
+                    ok = not present or value not in req.values
+                case LabelSelectorOperator.EXISTS:
+                    ok = present
+                case LabelSelectorOperator.DOES_NOT_EXIST:
+                    ok = not present
+            if not ok:
+                return False
+        return True
+
+
+class ObjectMeta(BaseModel):
+    """The part of metadata the controllers read; the rest is kept as is."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+    name: str = Field(default="", description="The object's name.")
+    namespace: str = Field(default="", description="The object's namespace.")
+    uid: str = Field(default="", description="The object's UID.")
+    generation: int = Field(default=0, description="The spec's generation.")
+    labels: dict[str, str] = Field(default_factory=dict, description="The object's labels.")
+    annotations: dict[str, str] = Field(
+        default_factory=dict, description="The object's annotations."
+    )
+    resource_version: str = Field(
+        default="", alias="resourceVersion", description="The object's resourceVersion."
+    )

@@ -1,0 +1,326 @@
+"""InferenceWorker: one serving instance with a stable identity across pod epochs."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import Field, StringConstraints
+
+from sessionfleet.api._common import (
+    ApiModel,
+    CelRule,
+    CheckpointDriver,
+    Condition,
+    DescribedEnum,
+    Duration,
+    EngineType,
+    ModelName,
+    ObjectName,
+    conditions_field,
+    immutable,
+    nested_default,
+)
+from sessionfleet.api._resource import AGE_COLUMN, CustomResource, KindInfo, PrinterColumn
+
+Quantity = Annotated[
+    int | str,
+    Field(description="A Kubernetes resource quantity, such as 4, 500m or 16Gi."),
+]
+
+
+class WorkerPhase(DescribedEnum):
+    """Where a worker is in its life."""
+
+    PENDING = "Pending", "No pod yet, or the pod is not scheduled."
+    STARTING = "Starting", "The pod runs and the engine is loading; not serving yet."
+    READY = "Ready", "The engine serves; new sessions may be placed here."
+    DRAINING = "Draining", "A drain is in progress: no new sessions, pinned ones are held."
+    DRAINED = "Drained", "The drain finished: no session is pinned any more."
+    RECOVERING = "Recovering", "The pod failed or vanished; a new epoch is starting."
+    FAILED = "Failed", "The worker cannot run; see its conditions for the reason."
+
+
+class EnvVar(ApiModel):
+    """An environment variable with a literal value."""
+
+    name: Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=256)] = (
+        Field(description="The variable's name.")
+    )
+    value: Annotated[str, StringConstraints(max_length=4096)] = Field(
+        default="", description="The variable's value."
+    )
+
+
+class EngineSpec(ApiModel):
+    """The inference engine the worker runs and how to start it."""
+
+    type: EngineType = Field(default=EngineType.VLLM, description="The engine to run.")
+    image: Annotated[str, StringConstraints(max_length=512)] | None = Field(
+        default=None,
+        description="The container image; defaults to the operator's image for the engine type.",
+        examples=["vllm/vllm-openai:v0.11.0"],
+    )
+    args: list[Annotated[str, StringConstraints(max_length=4096)]] = Field(
+        default_factory=list,
+        max_length=128,
+        description="Extra engine arguments, appended after the ones the operator sets.",
+    )
+    env: list[EnvVar] = Field(
+        default_factory=list, max_length=128, description="Extra environment variables."
+    )
+    port: int = Field(
+        default=8000, ge=1, le=65535, description="The port the engine's HTTP server listens on."
+    )
+
+
+class ResourceRequirements(ApiModel):
+    """Compute resources for the engine container, beside the GPUs."""
+
+    requests: dict[str, Quantity] = Field(
+        default_factory=dict, description="Minimum resources, such as cpu: 8, memory: 64Gi."
+    )
+    limits: dict[str, Quantity] = Field(
+        default_factory=dict, description="Maximum resources, such as memory: 96Gi."
+    )
+
+
+class Toleration(ApiModel):
+    """Lets the worker's pod run on nodes with a matching taint."""
+
+    key: Annotated[str, StringConstraints(max_length=317)] | None = Field(
+        default=None, description="The taint key; empty with operator Exists matches all."
+    )
+    operator: Literal["Exists", "Equal"] = Field(
+        default="Equal", description="Exists ignores the value; Equal compares it."
+    )
+    value: Annotated[str, StringConstraints(max_length=63)] | None = Field(
+        default=None, description="The taint value for operator Equal."
+    )
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        default=None, description="The taint effect to match; empty matches all effects."
+    )
+    toleration_seconds: int | None = Field(
+        default=None, ge=0, description="For NoExecute: how long the pod stays after the taint."
+    )
+
+
+class PodOverlay(ApiModel):
+    """Pod settings merged into the worker's pod as the operator builds it."""
+
+    labels: dict[str, str] = Field(default_factory=dict, description="Extra pod labels.")
+    annotations: dict[str, str] = Field(default_factory=dict, description="Extra pod annotations.")
+    node_selector: dict[str, str] = Field(
+        default_factory=dict,
+        description="Node labels the pod requires, such as nvidia.com/gpu.product: H100.",
+    )
+    tolerations: list[Toleration] = Field(
+        default_factory=list, max_length=64, description="Taints the pod tolerates."
+    )
+    affinity: dict[str, Any] | None = Field(
+        default=None, description="A core/v1 Affinity, copied into the pod unchanged."
+    )
+    volumes: list[dict[str, Any]] = Field(
+        default_factory=list, max_length=64, description="core/v1 Volumes added to the pod."
+    )
+    volume_mounts: list[dict[str, Any]] = Field(
+        default_factory=list,
+        max_length=64,
+        description="core/v1 VolumeMounts added to the engine container.",
+    )
+    service_account_name: ObjectName | None = Field(
+        default=None, description="The ServiceAccount the pod runs as."
+    )
+    priority_class_name: Annotated[str, StringConstraints(max_length=253)] | None = Field(
+        default=None, description="The pod's PriorityClass."
+    )
+    runtime_class_name: Annotated[str, StringConstraints(max_length=253)] | None = Field(
+        default=None, description="The pod's RuntimeClass, such as nvidia."
+    )
+
+
+class Capacity(ApiModel):
+    """How much the worker can hold; placement compares load against it."""
+
+    max_sessions: int = Field(
+        default=32, ge=1, le=100000, description="The most sessions pinned at once."
+    )
+    kv_tokens: int = Field(
+        default=0,
+        ge=0,
+        description=(
+            "KV cache capacity in tokens, for placement; 0 means unknown "
+            "(placement then uses maxSessions and the engine's reported KV usage)."
+        ),
+    )
+
+
+class CheckpointStorage(ApiModel):
+    """Where checkpoints are written."""
+
+    claim_name: ObjectName | None = Field(
+        default=None, description="A PersistentVolumeClaim mounted for checkpoints."
+    )
+    path: Annotated[str, StringConstraints(pattern=r"^/", max_length=1024)] = Field(
+        default="/var/lib/sessionfleet/checkpoints",
+        description="The directory checkpoints are written under.",
+    )
+    remote_url: (
+        Annotated[str, StringConstraints(pattern=r"^(redis|rediss|lm|s3|file)://", max_length=1024)]
+        | None
+    ) = Field(
+        default=None,
+        description="A shared KV store for the engine driver (LMCache remote_url), redis://host:6379.",
+    )
+
+
+class CheckpointSettings(ApiModel):
+    """When and how the worker's state is saved."""
+
+    driver: CheckpointDriver = Field(
+        default=CheckpointDriver.ENGINE, description="The checkpoint driver."
+    )
+    interval: Duration | None = Field(
+        default=None,
+        description=(
+            "Take a periodic checkpoint this often, skipped when nothing changed; unset: none."
+        ),
+    )
+    retention: int = Field(
+        default=3, ge=1, le=100, description="How many checkpoints of the worker to keep."
+    )
+    storage: CheckpointStorage = Field(
+        default_factory=CheckpointStorage,
+        json_schema_extra=nested_default(),
+        description="Where checkpoints are written.",
+    )
+
+
+class InferenceWorkerSpec(ApiModel):
+    """The desired state of one serving instance."""
+
+    model: ModelName = Field(
+        json_schema_extra=immutable("model"),
+        description="The served model's name, as clients send it in the request's model field.",
+    )
+    engine: EngineSpec = Field(
+        default_factory=EngineSpec,
+        json_schema_extra=nested_default(),
+        description="The engine to run and how to start it.",
+    )
+    gpus: int = Field(default=1, ge=0, le=16, description="GPUs (nvidia.com/gpu) for the pod.")
+    resources: ResourceRequirements = Field(
+        default_factory=ResourceRequirements,
+        json_schema_extra=nested_default(),
+        description="CPU and memory for the engine container.",
+    )
+    template: PodOverlay = Field(
+        default_factory=PodOverlay,
+        json_schema_extra=nested_default(),
+        description="Pod settings merged into the pod the operator builds.",
+    )
+    capacity: Capacity = Field(
+        default_factory=Capacity,
+        json_schema_extra=nested_default(),
+        description="How much the worker can hold, for placement.",
+    )
+    checkpoint: CheckpointSettings = Field(
+        default_factory=CheckpointSettings,
+        json_schema_extra=nested_default(),
+        description="When and how the worker's state is saved.",
+    )
+    drain_policy_ref: ObjectName | None = Field(
+        default=None,
+        description=(
+            "The DrainPolicy to use; unset: the one whose selector matches, else the default."
+        ),
+    )
+    drain: bool = Field(
+        default=False,
+        description=(
+            "Request a drain: hold, migrate or wait per the DrainPolicy, then stop the pod."
+        ),
+    )
+
+    cel_rules: ClassVar[tuple[CelRule, ...]] = (
+        CelRule(
+            rule="self.engine.type != 'vllm' || self.gpus >= 1",
+            message="engine vllm needs at least one GPU (gpus >= 1)",
+            field_path=".gpus",
+            check=lambda s: s.engine.type != EngineType.VLLM or s.gpus >= 1,
+        ),
+    )
+
+
+class InferenceWorkerStatus(ApiModel):
+    """The observed state of a worker, written by the operator."""
+
+    observed_generation: int | None = Field(
+        default=None, ge=0, description="The metadata.generation the operator last acted on."
+    )
+    phase: WorkerPhase | None = Field(default=None, description="Where the worker is in its life.")
+    epoch: int | None = Field(
+        default=None, ge=0, description="The incarnation number: +1 each time the pod is replaced."
+    )
+    pod: str | None = Field(default=None, description="The current pod, <worker>-<epoch>.")
+    node: str | None = Field(default=None, description="The node the current pod runs on.")
+    endpoint: str | None = Field(
+        default=None, description="The engine's base URL, http://<podIP>:<port>."
+    )
+    pinned_sessions: int | None = Field(
+        default=None, ge=0, description="Sessions bound to this worker that have not finished."
+    )
+    active_sessions: int | None = Field(
+        default=None, ge=0, description="Pinned sessions with a turn in the last minute."
+    )
+    kv_cache_usage_percent: int | None = Field(
+        default=None, ge=0, le=100, description="KV cache usage reported by the engine, 0-100."
+    )
+    prefix_hit_rate_percent: float | None = Field(
+        default=None,
+        ge=0,
+        le=100,
+        description="Prefix cache hits over queries since the engine started, 0-100.",
+    )
+    running_requests: int | None = Field(
+        default=None, ge=0, description="Requests the engine is running."
+    )
+    waiting_requests: int | None = Field(
+        default=None, ge=0, description="Requests queued in the engine."
+    )
+    drain_started_at: datetime | None = Field(
+        default=None, description="When the current drain began."
+    )
+    last_checkpoint: str | None = Field(
+        default=None, description="The newest Succeeded WorkerCheckpoint of this worker."
+    )
+    restore_count: int | None = Field(
+        default=None, ge=0, description="How many times a new epoch restored a checkpoint."
+    )
+    conditions: list[Condition] = conditions_field("worker")
+
+
+class InferenceWorker(CustomResource):
+    """One serving instance with a stable identity; its pod is replaced by epochs."""
+
+    info: ClassVar[KindInfo] = KindInfo(
+        kind="InferenceWorker",
+        plural="inferenceworkers",
+        singular="inferenceworker",
+        short_names=("iw", "worker"),
+        printer_columns=(
+            PrinterColumn("Model", ".spec.model", "string", "The served model."),
+            PrinterColumn("Phase", ".status.phase", "string", "Where the worker is in its life."),
+            PrinterColumn("Node", ".status.node", "string", "The node of the current pod."),
+            PrinterColumn("Sessions", ".status.pinnedSessions", "integer", "Pinned sessions."),
+            PrinterColumn("KV%", ".status.kvCacheUsagePercent", "integer", "KV cache usage."),
+            PrinterColumn("Epoch", ".status.epoch", "integer", "The pod's incarnation number."),
+            AGE_COLUMN,
+        ),
+    )
+
+    kind: Literal["InferenceWorker"] = Field(default="InferenceWorker", description="The kind.")
+    spec: InferenceWorkerSpec = Field(description="The desired state of the worker.")
+    status: InferenceWorkerStatus = Field(
+        default_factory=InferenceWorkerStatus, description="The observed state of the worker."
+    )

@@ -1,0 +1,94 @@
+"""The ``sessionfleet`` command line: one entry point for every component.
+
+Only subcommands that work are listed; later components add theirs here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from sessionfleet._version import __version__
+from sessionfleet.api.crd import render_crds
+
+
+def _cmd_version(_: argparse.Namespace) -> int:
+    print(f"sessionfleet {__version__}")
+    return 0
+
+
+def _cmd_crds(args: argparse.Namespace) -> int:
+    out_dir = Path(args.output_dir)
+    rendered = render_crds()
+    if args.check:
+        return _check_crds(out_dir, rendered)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name, text in rendered.items():
+        (out_dir / name).write_text(text)
+        print(f"wrote {out_dir / name}")
+    return 0
+
+
+def _check_crds(out_dir: Path, rendered: dict[str, str]) -> int:
+    """Compare committed CRDs with the models; print a diff of each drifted file."""
+    drifted = 0
+    for name, text in rendered.items():
+        path = out_dir / name
+        committed = path.read_text() if path.exists() else ""
+        if committed != text:
+            drifted += 1
+            diff = difflib.unified_diff(
+                committed.splitlines(keepends=True),
+                text.splitlines(keepends=True),
+                fromfile=f"{path} (committed)",
+                tofile=f"{path} (from the models)",
+            )
+            sys.stdout.writelines(diff)
+    expected = set(rendered)
+    for path in sorted(out_dir.glob("*.sessionfleet.dev.yaml")):
+        if path.name not in expected:
+            drifted += 1
+            print(f"{path}: no model generates this file; delete it")
+    if drifted:
+        print(f"{drifted} CRD file(s) drift from the models: run `make crds` and commit.")
+        return 1
+    print(f"{len(rendered)} CRDs match the models.")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Return the argument parser with every working subcommand."""
+    parser = argparse.ArgumentParser(
+        prog="sessionfleet",
+        description="Session-aware GPU inference fleets on Kubernetes.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    version = commands.add_parser("version", help="print the version")
+    version.set_defaults(func=_cmd_version)
+
+    crds = commands.add_parser("crds", help="write the CRDs generated from the API models")
+    crds.add_argument(
+        "--output-dir", default="crds", help="directory for the YAML files (default: crds)"
+    )
+    crds.add_argument(
+        "--check",
+        action="store_true",
+        help="write nothing; exit 1 with a diff when the files drift from the models",
+    )
+    crds.set_defaults(func=_cmd_crds)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; return the process exit status."""
+    args = build_parser().parse_args(argv)
+    status: int = args.func(args)
+    return status
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

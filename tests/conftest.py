@@ -1,0 +1,36 @@
+"""Shared fixtures for the unit tests: the example manifests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLES = REPO / "examples"
+EXPECT_ERROR = "sessionfleet.dev/expect-error"
+
+
+def load_manifests(folder: Path) -> list[tuple[str, dict[str, Any]]]:
+    out = []
+    for path in sorted(folder.glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc:
+                out.append((path.name, doc))
+    return out
+
+
+VALID = load_manifests(EXAMPLES)
+INVALID = load_manifests(EXAMPLES / "invalid")
+
+
+@pytest.fixture(params=VALID, ids=[name for name, _ in VALID])
+def valid_manifest(request: pytest.FixtureRequest) -> dict[str, Any]:
+    return request.param[1]  # type: ignore[no-any-return]
+
+
+@pytest.fixture(params=INVALID, ids=[name for name, _ in INVALID])
+def invalid_manifest(request: pytest.FixtureRequest) -> dict[str, Any]:
+    return request.param[1]  # type: ignore[no-any-return]
