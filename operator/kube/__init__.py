@@ -1,0 +1,52 @@
+"""Thin Kubernetes API access: one async client, one exception tree, resource paths."""
+
+from sessionfleet.kube.client import Kube
+from sessionfleet.kube.config import KubeConfig
+from sessionfleet.kube.errors import (
+    ApiUnavailable,
+    Conflict,
+    Forbidden,
+    Gone,
+    Invalid,
+    KubeError,
+    NotFound,
+    TooManyRequests,
+)
+from sessionfleet.kube.reflector import Event, reflect
+from sessionfleet.kube.resources import (
+    CHECKPOINTS,
+    DRAIN_POLICIES,
+    EVENTS,
+    LEASES,
+    NODES,
+    PDBS,
+    PODS,
+    SESSIONS,
+    WORKERS,
+    Resource,
+)
+
+__all__ = [
+    "CHECKPOINTS",
+    "DRAIN_POLICIES",
+    "EVENTS",
+    "LEASES",
+    "NODES",
+    "PDBS",
+    "PODS",
+    "SESSIONS",
+    "WORKERS",
+    "ApiUnavailable",
+    "Conflict",
+    "Event",
+    "Forbidden",
+    "Gone",
+    "Invalid",
+    "Kube",
+    "KubeConfig",
+    "KubeError",
+    "NotFound",
+    "Resource",
+    "TooManyRequests",
+    "reflect",
+]

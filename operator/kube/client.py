@@ -1,0 +1,247 @@
+"""A thin asynchronous Kubernetes API client over httpx.
+
+Only what the operator, router and agent need: get, list (chunked), create, patch
+(merge, strategic, JSON or apply; the object or its status), delete, evict and watch.
+Every failure is a :mod:`sessionfleet.kube.errors` exception. It never blocks the
+event loop: kopf handlers and the router call it directly.
+"""
+
+from __future__ import annotations
+
+import json
+import ssl
+from collections.abc import AsyncIterator, Mapping
+from typing import Any, Literal
+
+import httpx
+
+from sessionfleet.kube.config import KubeConfig
+from sessionfleet.kube.errors import ApiUnavailable, KubeError, error_for
+from sessionfleet.kube.resources import PODS, Resource
+
+PatchType = Literal["merge", "strategic", "json", "apply"]
+_CONTENT_TYPES: dict[PatchType, str] = {
+    "merge": "application/merge-patch+json",
+    "strategic": "application/strategic-merge-patch+json",
+    "json": "application/json-patch+json",
+    "apply": "application/apply-patch+yaml",
+}
+FIELD_MANAGER = "sessionfleet"
+
+
+def _ssl_context(config: KubeConfig) -> ssl.SSLContext | bool:
+    if not config.verify:
+        return False
+    context = ssl.create_default_context(cafile=config.ca_file)
+    if config.cert_file and config.key_file:
+        context.load_cert_chain(config.cert_file, config.key_file)
+    return context
+
+
+class Kube:
+    """An API client bound to one cluster. Use as ``async with Kube(config) as kube``."""
+
+    def __init__(
+        self,
+        config: KubeConfig,
+        *,
+        timeout: float = 30.0,
+        field_manager: str = FIELD_MANAGER,
+        user_agent: str = "sessionfleet",
+    ) -> None:
+        self.config = config
+        self.field_manager = field_manager
+        self._http = httpx.AsyncClient(
+            base_url=config.server,
+            verify=_ssl_context(config),
+            timeout=httpx.Timeout(timeout, connect=10.0),
+            headers={"User-Agent": user_agent, "Accept": "application/json"},
+            limits=httpx.Limits(max_connections=64, max_keepalive_connections=32),
+        )
+
+    async def __aenter__(self) -> Kube:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the connection pool."""
+        await self._http.aclose()
+
+    def _headers(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+        headers = dict(extra or {})
+        token = self.config.bearer_token()
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        return headers
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, str | int] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+    ) -> dict[str, Any]:
+        """Send one request; return the decoded JSON answer or raise a KubeError."""
+        content = None if body is None else json.dumps(body).encode()
+        headers = self._headers({"Content-Type": content_type} if content is not None else None)
+        try:
+            response = await self._http.request(
+                method, path, params=params, content=content, headers=headers
+            )
+        except httpx.HTTPError as error:
+            raise ApiUnavailable(0, f"{method} {path}: {error!r}") from error
+        payload: dict[str, Any] = {}
+        if response.content:
+            try:
+                payload = response.json()
+            except ValueError:
+                payload = {"message": response.text[:500]}
+        if response.is_error:
+            raise error_for(response.status_code, payload, f"{method} {path} failed")
+        return payload
+
+    async def get(
+        self, resource: Resource, name: str, namespace: str | None = None
+    ) -> dict[str, Any]:
+        """Return one object."""
+        return await self.request("GET", resource.path(namespace, name))
+
+    async def list(
+        self,
+        resource: Resource,
+        namespace: str | None = None,
+        *,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        chunk: int = 500,
+    ) -> tuple[list[dict[str, Any]], str]:
+        """Return every object and the list's resourceVersion, fetched in chunks."""
+        items: list[dict[str, Any]] = []
+        params: dict[str, str | int] = {"limit": chunk}
+        if label_selector:
+            params["labelSelector"] = label_selector
+        if field_selector:
+            params["fieldSelector"] = field_selector
+        while True:
+            page = await self.request("GET", resource.path(namespace), params=params)
+            items.extend(page.get("items") or [])
+            meta = page.get("metadata") or {}
+            if not meta.get("continue"):
+                return items, str(meta.get("resourceVersion", ""))
+            params["continue"] = meta["continue"]
+
+    async def create(
+        self, resource: Resource, body: Mapping[str, Any], namespace: str | None = None
+    ) -> dict[str, Any]:
+        """Create an object; :class:`Conflict` when it exists."""
+        return await self.request(
+            "POST",
+            resource.path(namespace),
+            params={"fieldManager": self.field_manager},
+            body=body,
+        )
+
+    async def patch(
+        self,
+        resource: Resource,
+        name: str,
+        body: Any,
+        namespace: str | None = None,
+        *,
+        status: bool = False,
+        patch_type: PatchType = "merge",
+    ) -> dict[str, Any]:
+        """Patch an object, or its status subresource when ``status`` is true."""
+        path = resource.path(namespace, name) + ("/status" if status else "")
+        params: dict[str, str | int] = {"fieldManager": self.field_manager}
+        if patch_type == "apply":
+            params["force"] = "true"
+        return await self.request(
+            "PATCH", path, params=params, body=body, content_type=_CONTENT_TYPES[patch_type]
+        )
+
+    async def delete(
+        self,
+        resource: Resource,
+        name: str,
+        namespace: str | None = None,
+        *,
+        uid: str | None = None,
+        grace_period_seconds: int | None = None,
+        propagation: str | None = None,
+    ) -> dict[str, Any]:
+        """Delete an object; with ``uid``, only that incarnation of the name."""
+        options: dict[str, Any] = {"kind": "DeleteOptions", "apiVersion": "v1"}
+        if uid:
+            options["preconditions"] = {"uid": uid}
+        if grace_period_seconds is not None:
+            options["gracePeriodSeconds"] = grace_period_seconds
+        if propagation:
+            options["propagationPolicy"] = propagation
+        return await self.request("DELETE", resource.path(namespace, name), body=options)
+
+    async def evict(self, pod: str, namespace: str) -> dict[str, Any]:
+        """Ask the Eviction API to evict a pod; :class:`TooManyRequests` under a PDB."""
+        body = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": pod, "namespace": namespace},
+        }
+        return await self.request("POST", PODS.path(namespace, pod) + "/eviction", body=body)
+
+    async def watch(
+        self,
+        resource: Resource,
+        namespace: str | None = None,
+        *,
+        resource_version: str = "",
+        timeout_seconds: int = 300,
+        label_selector: str | None = None,
+    ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        """Yield ``(type, object)`` events until the server ends the watch.
+
+        Types are ADDED, MODIFIED, DELETED and BOOKMARK; a :class:`Gone` error means
+        the resourceVersion expired and the caller must list again.
+        """
+        params: dict[str, str | int] = {
+            "watch": 1,
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": timeout_seconds,
+        }
+        if resource_version:
+            params["resourceVersion"] = resource_version
+        if label_selector:
+            params["labelSelector"] = label_selector
+        timeout = httpx.Timeout(timeout_seconds + 30, connect=10.0)
+        try:
+            async with self._http.stream(
+                "GET",
+                resource.path(namespace),
+                params=params,
+                headers=self._headers(),
+                timeout=timeout,
+            ) as response:
+                if response.is_error:
+                    await response.aread()
+                    try:
+                        payload = response.json()
+                    except ValueError:
+                        payload = {}
+                    raise error_for(response.status_code, payload, "watch failed")
+                async for line in response.aiter_lines():
+                    if not line:
+                        continue
+                    event = json.loads(line)
+                    kind, obj = event.get("type", ""), event.get("object") or {}
+                    if kind == "ERROR":
+                        raise error_for(int(obj.get("code", 500)), obj, "watch error")
+                    yield kind, obj
+        except httpx.HTTPError as error:
+            raise ApiUnavailable(0, f"watch {resource.plural}: {error!r}") from error
+
+
+__all__ = ["Kube", "KubeError", "PatchType"]

@@ -1,0 +1,65 @@
+"""List-then-watch, forever: an in-memory view of one resource kept in sync.
+
+The router keeps bindings in memory from this; restarts rebuild from a fresh list.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from sessionfleet.kube.client import Kube
+from sessionfleet.kube.errors import ApiUnavailable, Gone, KubeError
+from sessionfleet.kube.resources import Resource
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One change: ``SYNC`` carries the complete list (after start or a relist)."""
+
+    type: str
+    obj: dict[str, Any] | None = None
+    items: tuple[dict[str, Any], ...] = ()
+
+
+async def reflect(
+    kube: Kube,
+    resource: Resource,
+    namespace: str | None = None,
+    *,
+    label_selector: str | None = None,
+    retry_delay: float = 1.0,
+) -> AsyncIterator[Event]:
+    """Yield a SYNC event with every object, then ADDED/MODIFIED/DELETED events.
+
+    On an expired resourceVersion (410) or a broken connection it lists again and
+    yields a fresh SYNC, so a consumer that replaces its state on SYNC never drifts.
+    """
+    resource_version = ""
+    while True:
+        try:
+            if not resource_version:
+                items, resource_version = await kube.list(
+                    resource, namespace, label_selector=label_selector
+                )
+                yield Event("SYNC", items=tuple(items))
+            async for kind, obj in kube.watch(
+                resource,
+                namespace,
+                resource_version=resource_version,
+                label_selector=label_selector,
+            ):
+                resource_version = obj.get("metadata", {}).get("resourceVersion", resource_version)
+                if kind != "BOOKMARK":
+                    yield Event(kind, obj)
+        except Gone:
+            resource_version = ""
+        except (ApiUnavailable, KubeError) as error:
+            log.warning("watch of %s interrupted: %s; retrying", resource.plural, error)
+            resource_version = ""
+            await asyncio.sleep(retry_delay)
