@@ -1,0 +1,157 @@
+"""The session decision: what a session's status should be, given its worker.
+
+The operator owns phase and binding; the router owns usage counters. Every write
+here is one the lifecycle needs — bind, finish, delete — so that a session costs at
+most three operator writes in its life when nothing goes wrong.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from enum import Enum
+
+from sessionfleet.api import Reason, SessionPhase, WorkerPhase
+
+DEFAULT_IDLE_TIMEOUT = timedelta(minutes=30)
+
+
+@dataclass(frozen=True, slots=True)
+class SessionState:
+    """What the operator keeps of one AgentSession (an index value)."""
+
+    namespace: str
+    name: str
+    session_id: str
+    model: str
+    generation: int = 0
+    created_at: datetime | None = None
+    parent_session_id: str | None = None
+    hint: str | None = None
+    pin: str | None = None
+    finished: bool = False
+    ttl_seconds: int = 3600
+    phase: SessionPhase | None = None
+    worker: str | None = None
+    epoch: int | None = None
+    observed_generation: int | None = None
+    bound_at: datetime | None = None
+    last_activity: datetime | None = None
+    finished_at: datetime | None = None
+    prompt_tokens: int = 0
+    turns: int = 0
+    recomputed_tokens: int = 0
+    invalid: str | None = None
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """The session's (namespace, name)."""
+        return (self.namespace, self.name)
+
+    @property
+    def pinned(self) -> bool:
+        """Whether the session holds its worker: bound and not over."""
+        return self.worker is not None and self.phase not in (
+            SessionPhase.FINISHED,
+            SessionPhase.LOST,
+        )
+
+    @property
+    def context_tokens(self) -> int:
+        """An estimate of the session's prefix: the mean prompt of its turns so far."""
+        return self.prompt_tokens // self.turns if self.turns else 0
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerBrief:
+    """What the session decision needs of its bound worker."""
+
+    name: str
+    phase: WorkerPhase | None
+    epoch: int | None
+    pod: str | None
+
+
+class Action(Enum):
+    """The kind of step the session needs."""
+
+    NOTHING = "nothing"
+    PLACE = "place"
+    UPDATE = "update"
+    DELETE = "delete"
+
+
+@dataclass(frozen=True, slots=True)
+class SessionDecision:
+    """The step to take, and for UPDATE the phase and reason to write."""
+
+    action: Action
+    phase: SessionPhase | None = None
+    reason: Reason | None = None
+    message: str = ""
+    recheck_at: datetime | None = None
+
+
+NOTHING = SessionDecision(Action.NOTHING)
+
+
+def decide_session(
+    session: SessionState,
+    worker: WorkerBrief | None,
+    now: datetime,
+    idle_timeout: timedelta = DEFAULT_IDLE_TIMEOUT,
+) -> SessionDecision:
+    """Decide the next step for one session. ``worker`` is its bound worker, if it exists."""
+    if session.invalid is not None:
+        return NOTHING
+    if session.phase is SessionPhase.FINISHED:
+        expires = (session.finished_at or now) + timedelta(seconds=session.ttl_seconds)
+        if expires <= now:
+            return SessionDecision(Action.DELETE, message="ttlSecondsAfterFinished passed")
+        return SessionDecision(Action.NOTHING, recheck_at=expires)
+    if session.finished:
+        return SessionDecision(
+            Action.UPDATE,
+            SessionPhase.FINISHED,
+            Reason.FINISHED_BY_CLIENT,
+            "the client marked the session finished",
+        )
+    last_seen = session.last_activity or session.bound_at or session.created_at
+    if last_seen is not None and session.phase is not SessionPhase.LOST:
+        if now - last_seen >= idle_timeout:
+            return SessionDecision(
+                Action.UPDATE,
+                SessionPhase.FINISHED,
+                Reason.IDLE_TIMEOUT,
+                f"no turn for {int(idle_timeout.total_seconds())}s",
+            )
+    if session.phase is SessionPhase.LOST:
+        return NOTHING
+    if session.worker is None:
+        return SessionDecision(Action.PLACE)
+    if worker is None:
+        return SessionDecision(
+            Action.UPDATE,
+            SessionPhase.LOST,
+            Reason.WORKER_DELETED,
+            f"worker {session.worker} was deleted; the session's cache is gone",
+        )
+    if worker.phase is WorkerPhase.RECOVERING:
+        if session.phase is SessionPhase.RESTORING:
+            return NOTHING
+        return SessionDecision(
+            Action.UPDATE,
+            SessionPhase.RESTORING,
+            Reason.WORKER_RECOVERING,
+            f"worker {worker.name} is starting epoch {worker.epoch}; turns are held",
+        )
+    if worker.phase in (WorkerPhase.READY, WorkerPhase.DRAINING) and (
+        session.phase is not SessionPhase.BOUND or session.epoch != worker.epoch
+    ):
+        return SessionDecision(
+            Action.UPDATE,
+            SessionPhase.BOUND,
+            Reason.BOUND,
+            f"bound to worker {worker.name} (pod {worker.pod}, epoch {worker.epoch})",
+        )
+    return NOTHING

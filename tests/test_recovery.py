@@ -1,0 +1,90 @@
+"""Recovery triggers and the phase a pod implies."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from sessionfleet.api import Reason, WorkerPhase
+from sessionfleet.policy.observed import NodeState, PodState, node_state, pod_state
+from sessionfleet.policy.recovery import pod_phase, recovery_reason
+
+NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+RUNNING = PodState("w-1", 1, "Running", scheduled=True, ready=True, node="n1", pod_ip="127.1.0.2")
+
+
+@pytest.mark.parametrize(
+    ("pod", "observed", "node", "expected"),
+    [
+        (RUNNING, True, NodeState("n1"), None),
+        (None, False, None, None),  # not created yet
+        (None, True, None, Reason.POD_DELETED),
+        (PodState("w-1", 1, "Running", deleting=True), True, None, Reason.POD_DELETED),
+        (PodState("w-1", 1, "Failed"), True, None, Reason.POD_FAILED),
+        (PodState("w-1", 1, "Running", terminated=True), True, None, Reason.POD_FAILED),
+        (
+            RUNNING,
+            True,
+            NodeState("n1", ready=False, not_ready_since=NOW - timedelta(seconds=5)),
+            None,
+        ),
+        (
+            RUNNING,
+            True,
+            NodeState("n1", ready=False, not_ready_since=NOW - timedelta(seconds=31)),
+            Reason.NODE_NOT_READY,
+        ),
+    ],
+)
+def test_recovery_reason(
+    pod: PodState | None, observed: bool, node: NodeState | None, expected: Reason | None
+) -> None:
+    assert recovery_reason(pod, observed, node, NOW, timedelta(seconds=30)) is expected
+
+
+@pytest.mark.parametrize(
+    ("pod", "phase"),
+    [
+        (None, WorkerPhase.PENDING),
+        (PodState("w-1", 1, "Pending"), WorkerPhase.PENDING),
+        (PodState("w-1", 1, "Running", scheduled=True), WorkerPhase.STARTING),
+        (RUNNING, WorkerPhase.READY),
+    ],
+)
+def test_pod_phase(pod: PodState | None, phase: WorkerPhase) -> None:
+    assert pod_phase(pod)[0] is phase
+
+
+def test_pod_state_from_a_failed_pod_body() -> None:
+    body = {
+        "metadata": {"name": "w-3", "labels": {"sessionfleet.dev/epoch": "3"}},
+        "spec": {"nodeName": "gpu-1"},
+        "status": {
+            "phase": "Failed",
+            "podIP": "127.1.0.9",
+            "conditions": [{"type": "PodScheduled", "status": "True"}],
+            "containerStatuses": [
+                {"state": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}}
+            ],
+        },
+    }
+    pod = pod_state(body, "sessionfleet.dev/epoch")
+    assert (pod.epoch, pod.phase, pod.terminated, pod.node) == (3, "Failed", True, "gpu-1")
+    assert "137" in pod.message and "OOMKilled" in pod.message
+
+
+def test_node_state_from_a_body() -> None:
+    body = {
+        "metadata": {"name": "gpu-1"},
+        "spec": {"unschedulable": True, "taints": [{"key": "karpenter.sh/disrupted"}]},
+        "status": {
+            "conditions": [
+                {"type": "Ready", "status": "False", "lastTransitionTime": "2026-11-29T11:59:00Z"}
+            ]
+        },
+    }
+    node = node_state(body)
+    assert node.unschedulable and not node.ready
+    assert node.taint_keys == {"karpenter.sh/disrupted"}
+    assert node.not_ready_since == NOW - timedelta(minutes=1)

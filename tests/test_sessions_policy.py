@@ -1,0 +1,97 @@
+"""The session decision: bind, restore, lose, finish, expire."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from sessionfleet.api import Reason, SessionPhase, WorkerPhase
+from sessionfleet.policy.sessions import Action, SessionState, WorkerBrief, decide_session
+
+NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+NEW = SessionState("ns", "s", "sid", "m", created_at=NOW - timedelta(seconds=1))
+BOUND = replace(NEW, phase=SessionPhase.BOUND, worker="w", epoch=1, last_activity=NOW)
+READY = WorkerBrief("w", WorkerPhase.READY, 1, "w-1")
+
+
+@pytest.mark.parametrize(
+    ("session", "worker", "action", "phase", "reason"),
+    [
+        (NEW, None, Action.PLACE, None, None),
+        (BOUND, READY, Action.NOTHING, None, None),
+        (BOUND, None, Action.UPDATE, SessionPhase.LOST, Reason.WORKER_DELETED),
+        (
+            BOUND,
+            WorkerBrief("w", WorkerPhase.RECOVERING, 2, None),
+            Action.UPDATE,
+            SessionPhase.RESTORING,
+            Reason.WORKER_RECOVERING,
+        ),
+        (
+            replace(BOUND, phase=SessionPhase.RESTORING),
+            WorkerBrief("w", WorkerPhase.RECOVERING, 2, None),
+            Action.NOTHING,
+            None,
+            None,
+        ),
+        (
+            replace(BOUND, phase=SessionPhase.RESTORING),
+            WorkerBrief("w", WorkerPhase.READY, 2, "w-2"),
+            Action.UPDATE,
+            SessionPhase.BOUND,
+            Reason.BOUND,
+        ),
+        # a recovery that went unseen still updates the epoch
+        (
+            BOUND,
+            WorkerBrief("w", WorkerPhase.READY, 2, "w-2"),
+            Action.UPDATE,
+            SessionPhase.BOUND,
+            Reason.BOUND,
+        ),
+        # draining workers keep their sessions bound
+        (BOUND, WorkerBrief("w", WorkerPhase.DRAINING, 1, "w-1"), Action.NOTHING, None, None),
+        (
+            replace(BOUND, finished=True),
+            READY,
+            Action.UPDATE,
+            SessionPhase.FINISHED,
+            Reason.FINISHED_BY_CLIENT,
+        ),
+        (
+            replace(BOUND, last_activity=NOW - timedelta(hours=1)),
+            READY,
+            Action.UPDATE,
+            SessionPhase.FINISHED,
+            Reason.IDLE_TIMEOUT,
+        ),
+        (replace(BOUND, phase=SessionPhase.LOST), None, Action.NOTHING, None, None),
+        (replace(NEW, invalid="spec.model: required"), None, Action.NOTHING, None, None),
+    ],
+)
+def test_decide_session(
+    session: SessionState,
+    worker: WorkerBrief | None,
+    action: Action,
+    phase: SessionPhase | None,
+    reason: Reason | None,
+) -> None:
+    decision = decide_session(session, worker, NOW, timedelta(minutes=30))
+    assert (decision.action, decision.phase, decision.reason) == (action, phase, reason)
+
+
+def test_finished_sessions_are_deleted_after_their_ttl() -> None:
+    finished = replace(
+        BOUND, phase=SessionPhase.FINISHED, finished_at=NOW - timedelta(seconds=50), ttl_seconds=60
+    )
+    kept = decide_session(finished, READY, NOW)
+    assert kept.action is Action.NOTHING and kept.recheck_at == NOW + timedelta(seconds=10)
+    assert decide_session(finished, READY, NOW + timedelta(seconds=10)).action is Action.DELETE
+
+
+def test_pinned_and_context_estimate() -> None:
+    assert BOUND.pinned and not NEW.pinned
+    assert not replace(BOUND, phase=SessionPhase.FINISHED).pinned
+    assert replace(BOUND, prompt_tokens=3000, turns=3).context_tokens == 1000

@@ -1,0 +1,173 @@
+"""The worker plan: first pod, recovery by epochs, drains, holds and phases."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+
+from sessionfleet.api import (
+    ConditionType,
+    HoldMechanism,
+    InferenceWorkerSpec,
+    InferenceWorkerStatus,
+    Reason,
+    WorkerPhase,
+)
+from sessionfleet.policy.drain import DEFAULT_POLICY, PinnedSession, PolicyChoice
+from sessionfleet.policy.observed import NodeState, PodState
+from sessionfleet.policy.worker import WorkerObservation, WorkerPlan, plan_worker
+
+NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+DEFAULT_CHOICE = PolicyChoice(None, DEFAULT_POLICY)
+SPEC = InferenceWorkerSpec.model_validate({"model": "m", "engine": {"type": "sim"}, "gpus": 1})
+
+
+def ready_pod(epoch: int = 1, **kw: object) -> PodState:
+    base = PodState(
+        f"w-{epoch}", epoch, "Running", scheduled=True, ready=True, node="n1", pod_ip="127.1.0.4"
+    )
+    return replace(base, **kw)  # type: ignore[arg-type]
+
+
+def observe(
+    status: dict[str, object] | None = None,
+    pods: list[PodState] | None = None,
+    node: NodeState | None = None,
+    pinned: int = 0,
+    spec: InferenceWorkerSpec = SPEC,
+    policy: PolicyChoice = DEFAULT_CHOICE,
+    now: datetime = NOW,
+) -> WorkerPlan:
+    return plan_worker(
+        WorkerObservation(
+            name="w",
+            spec=spec,
+            status=InferenceWorkerStatus.model_validate(status or {}),
+            pods=pods or [],
+            node=node,
+            pinned=[PinnedSession(f"s{i}") for i in range(pinned)],
+            policy=policy,
+            now=now,
+        )
+    )
+
+
+def condition(plan: WorkerPlan, kind: ConditionType) -> tuple[str, Reason]:
+    found = next(c for c in plan.conditions if c.type is kind)
+    return found.status.value, found.reason
+
+
+def test_a_new_worker_gets_its_first_pod() -> None:
+    plan = observe()
+    assert (plan.epoch, plan.create_pod, plan.phase) == (1, True, WorkerPhase.PENDING)
+
+
+def test_a_created_pod_not_yet_seen_is_created_again_idempotently() -> None:
+    plan = observe({"epoch": 1, "phase": "Pending"})
+    assert (plan.epoch, plan.create_pod, plan.recovery) == (1, True, None)
+
+
+def test_a_ready_pod_makes_a_ready_worker_with_an_endpoint() -> None:
+    plan = observe({"epoch": 1, "pod": "w-1"}, [ready_pod()], NodeState("n1"))
+    assert plan.phase is WorkerPhase.READY and not plan.create_pod
+    assert plan.endpoint == "http://127.1.0.4:8000" and plan.node == "n1"
+    assert condition(plan, ConditionType.READY) == ("True", Reason.POD_READY)
+
+
+def test_a_deleted_pod_is_replaced_by_a_new_epoch() -> None:
+    plan = observe({"epoch": 1, "pod": "w-1", "phase": "Ready"}, [])
+    assert (plan.epoch, plan.create_pod, plan.recovery) == (2, True, Reason.POD_DELETED)
+    assert plan.phase is WorkerPhase.RECOVERING
+
+
+def test_a_failed_pod_is_replaced_and_deleted() -> None:
+    failed = ready_pod(phase="Failed", ready=False, terminated=True, message="exit 1")
+    plan = observe({"epoch": 1, "pod": "w-1", "phase": "Ready"}, [failed])
+    assert (plan.epoch, plan.recovery, plan.delete_pods) == (2, Reason.POD_FAILED, ("w-1",))
+    assert "exit 1" in next(
+        c.message for c in plan.conditions if c.type is ConditionType.RECOVERING
+    )
+
+
+def test_a_pod_stuck_terminating_does_not_block_the_new_epoch() -> None:
+    stuck = ready_pod(deleting=True)
+    plan = observe({"epoch": 1, "pod": "w-1", "phase": "Ready"}, [stuck])
+    assert (plan.epoch, plan.create_pod, plan.delete_pods) == (2, True, ())
+
+
+def test_a_node_not_ready_beyond_toleration_moves_the_worker() -> None:
+    node = NodeState("n1", ready=False, not_ready_since=NOW - timedelta(minutes=5))
+    plan = observe({"epoch": 1, "pod": "w-1", "phase": "Ready"}, [ready_pod()], node)
+    assert (plan.epoch, plan.recovery) == (2, Reason.NODE_NOT_READY)
+
+
+def test_recovering_lasts_until_the_new_pod_is_ready() -> None:
+    starting = ready_pod(2, ready=False)
+    plan = observe({"epoch": 2, "pod": "w-2", "phase": "Recovering"}, [starting])
+    assert plan.phase is WorkerPhase.RECOVERING and plan.recovery is None
+    plan = observe({"epoch": 2, "pod": "w-2", "phase": "Recovering"}, [ready_pod(2)])
+    assert plan.phase is WorkerPhase.READY
+
+
+def test_a_stale_status_never_deletes_a_newer_pod() -> None:
+    # The status still says epoch 1 but epoch 2's pod exists: our own write is in flight.
+    plan = observe({"epoch": 1, "pod": "w-1", "phase": "Ready"}, [ready_pod(2)])
+    assert plan.epoch == 2 and "w-2" not in plan.delete_pods and plan.recovery is None
+
+
+def test_old_epochs_are_cleaned_up() -> None:
+    plan = observe({"epoch": 2, "pod": "w-2"}, [ready_pod(1), ready_pod(2)])
+    assert plan.delete_pods == ("w-1",)
+
+
+def test_pinned_sessions_are_held_even_without_a_drain() -> None:
+    plan = observe({"epoch": 1, "pod": "w-1"}, [ready_pod()], NodeState("n1"), pinned=2)
+    assert plan.holds == frozenset(HoldMechanism) and plan.phase is WorkerPhase.READY
+    assert condition(plan, ConditionType.DRAIN_HELD) == ("True", Reason.SESSIONS_PINNED)
+    assert observe({"epoch": 1, "pod": "w-1"}, [ready_pod()], NodeState("n1")).holds == frozenset()
+
+
+def test_a_cordoned_node_drains_its_workers_and_holds() -> None:
+    node = NodeState("n1", unschedulable=True)
+    plan = observe({"epoch": 1, "pod": "w-1"}, [ready_pod()], node, pinned=1)
+    assert plan.phase is WorkerPhase.DRAINING and plan.drain_started_at == NOW
+    assert plan.holds and not plan.migrate  # WaitThenMigrate: still in its grace period
+    assert condition(plan, ConditionType.DRAINING)[0] == "True"
+
+
+def test_a_drain_resumes_from_the_recorded_start() -> None:
+    node = NodeState("n1", unschedulable=True)
+    started = NOW - timedelta(minutes=3)
+    plan = observe(
+        {"epoch": 1, "pod": "w-1", "drainStartedAt": started.isoformat()},
+        [ready_pod()],
+        node,
+        pinned=2,
+    )
+    assert plan.drain_started_at == started and plan.migrate == ("s0", "s1")
+
+
+def test_a_drain_with_nothing_pinned_is_done_and_releases() -> None:
+    node = NodeState("n1", unschedulable=True)
+    plan = observe({"epoch": 1, "pod": "w-1"}, [ready_pod()], node)
+    assert plan.phase is WorkerPhase.DRAINED and plan.drain_done and plan.holds == frozenset()
+    assert plan.delete_pods == ()  # the node's drain evicts it, not us
+
+
+def test_drain_true_deletes_the_pod_when_done_and_stays_drained() -> None:
+    spec = SPEC.model_copy(update={"drain": True})
+    plan = observe({"epoch": 1, "pod": "w-1"}, [ready_pod()], NodeState("n1"), spec=spec)
+    assert plan.phase is WorkerPhase.DRAINED and plan.delete_pods == ("w-1",)
+    plan = observe({"epoch": 1, "pod": "w-1", "phase": "Drained"}, [], spec=spec)
+    assert plan.phase is WorkerPhase.DRAINED and not plan.create_pod and plan.recovery is None
+
+
+def test_undrained_worker_starts_a_fresh_epoch() -> None:
+    plan = observe({"epoch": 1, "pod": "w-1", "phase": "Drained"}, [])
+    assert (plan.epoch, plan.create_pod) == (2, True)
+
+
+def test_policy_conflicts_show_as_a_condition() -> None:
+    choice = PolicyChoice(None, DEFAULT_POLICY, Reason.POLICY_CONFLICT, "a, b select it")
+    plan = observe({"epoch": 1, "pod": "w-1"}, [ready_pod()], policy=choice)
+    assert condition(plan, ConditionType.CONFLICT) == ("True", Reason.POLICY_CONFLICT)
