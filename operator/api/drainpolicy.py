@@ -130,13 +130,17 @@ class DrainPolicySpec(ApiModel):
 
     cel_rules: ClassVar[tuple[CelRule, ...]] = (
         CelRule(
-            rule="duration(self.gracePeriod) <= duration(self.deadline)",
+            # has() guards: the API server also checks the rule against the CRD's
+            # default for spec ({}), before nested defaults are filled in.
+            rule="!has(self.gracePeriod) || !has(self.deadline) || "
+            "duration(self.gracePeriod) <= duration(self.deadline)",
             message="gracePeriod must not be longer than deadline",
             field_path=".gracePeriod",
             check=lambda s: parse_duration(s.grace_period) <= parse_duration(s.deadline),
         ),
         CelRule(
-            rule="self.migrationScope != 'Worker' || self.mode != 'Wait'",
+            rule="!has(self.migrationScope) || !has(self.mode) || "
+            "self.migrationScope != 'Worker' || self.mode != 'Wait'",
             message="migrationScope Worker needs mode Migrate or WaitThenMigrate",
             field_path=".migrationScope",
             check=lambda s: s.migration_scope != MigrationScope.WORKER or s.mode != DrainMode.WAIT,
