@@ -13,6 +13,7 @@ from pathlib import Path
 
 from sessionfleet._version import __version__
 from sessionfleet.api.crd import render_crds
+from sessionfleet.controllers import run as operator_cli
 
 
 def _cmd_version(_: argparse.Namespace) -> int:
@@ -80,6 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="write nothing; exit 1 with a diff when the files drift from the models",
     )
     crds.set_defaults(func=_cmd_crds)
+
+    operator_cli.add_parser(commands)
     return parser
 
 

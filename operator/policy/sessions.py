@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import Enum
+from typing import Any
 
 from sessionfleet.api import Reason, SessionPhase, WorkerPhase
 
@@ -41,7 +42,9 @@ class SessionState:
     prompt_tokens: int = 0
     turns: int = 0
     recomputed_tokens: int = 0
+    migrations: tuple[dict[str, Any], ...] = ()
     invalid: str | None = None
+    resource_version: int = 0
 
     @property
     def key(self) -> tuple[str, str]:

@@ -1,0 +1,30 @@
+"""The operator's own settings: command-line flags, not custom resources."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from sessionfleet.policy.recovery import DEFAULT_NODE_NOT_READY_TOLERATION
+from sessionfleet.policy.sessions import DEFAULT_IDLE_TIMEOUT
+from sessionfleet.resources.pods import EngineImages
+
+
+@dataclass(frozen=True, slots=True)
+class OperatorConfig:
+    """How the operator runs."""
+
+    namespaces: tuple[str, ...] = ()
+    """Namespaces to serve; empty serves the whole cluster."""
+    kubeconfig: str | None = None
+    idle_timeout: timedelta = DEFAULT_IDLE_TIMEOUT
+    node_not_ready_toleration: timedelta = DEFAULT_NODE_NOT_READY_TOLERATION
+    resync_seconds: float = 2.0
+    """The longest the fleet loop sleeps without an event; deadlines are met within it."""
+    scrape_interval_seconds: float = 15.0
+    """How often each Ready worker's engine metrics are read."""
+    scrape_timeout_seconds: float = 3.0
+    max_concurrent_writes: int = 16
+    metrics_port: int = 8080
+    health_port: int = 8081
+    images: EngineImages = field(default_factory=EngineImages)

@@ -1,0 +1,205 @@
+"""The operator's in-memory picture of the fleet, shared by every handler.
+
+Kopf indexes hold what the watches observed. Two small overlays cover the gap
+between a write and the watch event that reports it back:
+
+- :class:`Freshness` remembers the resourceVersion each of our writes produced, so a
+  reconcile that reads an older copy of the object waits instead of writing again
+  (this is what keeps a session at three operator writes in its life);
+- :class:`BindingLedger` counts sessions bound but not yet seen bound, so a burst of
+  new sessions is spread over workers instead of piling onto the one that looked
+  least loaded a moment ago.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import httpx
+
+from sessionfleet.api import HoldMechanism, WorkerPhase
+from sessionfleet.controllers.config import OperatorConfig
+from sessionfleet.controllers.records import Key, PolicyRecord, WorkerRecord, resource_version
+from sessionfleet.kube import Kube
+from sessionfleet.policy.observed import NodeState, PodState
+from sessionfleet.policy.placement import WorkerLoad
+from sessionfleet.policy.sessions import SessionState
+
+
+class Store(Protocol):
+    """The read-only view kopf gives of one index: key to the values stored under it."""
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        """Return the values under ``key``, or ``default``."""
+
+    def __iter__(self) -> Iterator[Any]: ...
+    def __getitem__(self, key: Any) -> Iterable[Any]: ...
+
+
+@dataclass
+class Freshness:
+    """The resourceVersions our own writes produced, per object."""
+
+    written: dict[Key, int] = field(default_factory=dict)
+
+    def mark(self, key: Key, body: Mapping[str, Any]) -> None:
+        """Remember the version a write returned."""
+        self.written[key] = resource_version(body)
+
+    def is_stale(self, key: Key, observed_version: int) -> bool:
+        """Whether ``observed_version`` predates our last write; forget it once caught up."""
+        written = self.written.get(key)
+        if written is None:
+            return False
+        if observed_version >= written:
+            del self.written[key]
+            return False
+        return True
+
+
+@dataclass
+class BindingLedger:
+    """Bindings written but not yet observed, counted per worker."""
+
+    pending: dict[Key, tuple[str, int]] = field(default_factory=dict)
+
+    def add(self, session: Key, worker: str, tokens: int) -> None:
+        """Record a binding we just wrote."""
+        self.pending[session] = (worker, tokens)
+
+    def settle(self, session: Key) -> None:
+        """Forget a binding the index now shows."""
+        self.pending.pop(session, None)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStats:
+    """The engine figures scraped from a worker's ``/metrics``."""
+
+    kv_usage: float | None = None
+    prefix_hits: float | None = None
+    prefix_queries: float | None = None
+    running: int | None = None
+    waiting: int | None = None
+
+
+@dataclass
+class Fleet:
+    """Everything the handlers share: clients, indexes, overlays and wake-ups."""
+
+    config: OperatorConfig
+    kube: Kube
+    http: httpx.AsyncClient
+    workers: Store | None = None
+    worker_pods: Store | None = None
+    sessions: Store | None = None
+    session_workers: Store | None = None
+    nodes: Store | None = None
+    policies: Store | None = None
+    wakeup: asyncio.Event = field(default_factory=asyncio.Event)
+    indexed: asyncio.Event = field(default_factory=asyncio.Event)
+    freshness: Freshness = field(default_factory=Freshness)
+    ledger: BindingLedger = field(default_factory=BindingLedger)
+    stats: dict[Key, EngineStats] = field(default_factory=dict)
+    holds: dict[Key, frozenset[HoldMechanism]] = field(default_factory=dict)
+    pod_holds: dict[str, frozenset[HoldMechanism]] = field(default_factory=dict)
+    busy_sessions: set[Key] = field(default_factory=set)
+    writes: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(16))
+
+    # --- reads --------------------------------------------------------------------
+
+    def worker(self, namespace: str, name: str) -> WorkerRecord | None:
+        """Return the worker's record, if the index has it."""
+        record: WorkerRecord | None = _one(self.workers, (namespace, name))
+        return record
+
+    def all_workers(self) -> list[WorkerRecord]:
+        """Return every worker record."""
+        if self.workers is None:
+            return []
+        return [record for key in list(self.workers) for record in self.workers[key]]
+
+    def pods_of(self, key: Key) -> list[PodState]:
+        """Return the worker's pods, every epoch."""
+        return list(self.worker_pods.get(key, ())) if self.worker_pods is not None else []
+
+    def node(self, name: str | None) -> NodeState | None:
+        """Return the node's state, if known."""
+        state: NodeState | None = _one(self.nodes, name) if name else None
+        return state
+
+    def policies_in(self, namespace: str) -> list[PolicyRecord]:
+        """Return the DrainPolicies of a namespace."""
+        return list(self.policies.get(namespace, ())) if self.policies is not None else []
+
+    def sessions_of(self, key: Key) -> list[SessionState]:
+        """Return the sessions whose status binds them to the worker."""
+        return list(self.session_workers.get(key, ())) if self.session_workers else []
+
+    def all_sessions(self) -> list[SessionState]:
+        """Return every session."""
+        if self.sessions is None:
+            return []
+        return [s for key in list(self.sessions) for s in self.sessions[key]]
+
+    def session(self, namespace: str, name: str) -> SessionState | None:
+        """Return one session's state."""
+        state: SessionState | None = _one(self.sessions, (namespace, name))
+        return state
+
+    def worker_of_session_id(self, namespace: str, session_id: str) -> str | None:
+        """Return the worker a session id is bound to (for a child's parent)."""
+        for state in self.all_sessions_with_id(namespace, session_id):
+            if state.pinned:
+                return state.worker
+        return None
+
+    def all_sessions_with_id(self, namespace: str, session_id: str) -> list[SessionState]:
+        """Return the sessions carrying a client session id."""
+        sessions = self.all_sessions()
+        return [s for s in sessions if s.namespace == namespace and s.session_id == session_id]
+
+    def loads(self, namespace: str) -> list[WorkerLoad]:
+        """Return placement's view of the namespace's workers, unseen bindings added."""
+        extra: Counter[str] = Counter()
+        for key, (worker, _tokens) in list(self.ledger.pending.items()):
+            if key[0] != namespace:
+                continue
+            seen = self.session(*key)
+            if seen is not None and seen.worker == worker:
+                self.ledger.settle(key)  # the index shows it now
+            else:
+                extra[worker] += 1
+        loads = []
+        for record in self.all_workers():
+            if record.namespace != namespace or record.worker is None:
+                continue
+            spec, status = record.worker.spec, record.status
+            pinned = [s for s in self.sessions_of(record.key) if s.pinned]
+            stats = self.stats.get(record.key, EngineStats())
+            loads.append(
+                WorkerLoad(
+                    name=record.name,
+                    model=spec.model,
+                    ready=status.phase is WorkerPhase.READY and not spec.drain,
+                    pinned_sessions=len(pinned) + extra[record.name],
+                    max_sessions=spec.capacity.max_sessions,
+                    kv_tokens_capacity=spec.capacity.kv_tokens,
+                    kv_tokens_pinned=sum(s.context_tokens for s in pinned),
+                    kv_usage=stats.kv_usage or 0.0,
+                )
+            )
+        return loads
+
+
+def _one(store: Store | None, key: Any) -> Any:
+    if store is None:
+        return None
+    values = store.get(key)
+    if not values:
+        return None
+    return next(iter(values), None)

@@ -1,0 +1,162 @@
+"""The kopf registrations: settings, indexes, and event handlers that wake the fleet loop.
+
+No create/update/resume handlers, no per-object timers or daemons: those make kopf
+write diff-base and progress annotations and add finalizers, several PATCHes per
+object. Indexes hold what the watches saw; one loop (:mod:`.loop`) reconciles from
+them, and a new session is bound straight from its event for a short bind latency.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import kopf
+
+from sessionfleet.api import GROUP, VERSION
+from sessionfleet.controllers import loop
+from sessionfleet.controllers.fleet import Fleet
+from sessionfleet.controllers.records import (
+    policy_record,
+    session_record,
+    worker_record,
+)
+from sessionfleet.controllers.sessions import reconcile_session
+from sessionfleet.policy.observed import node_state, pod_state
+from sessionfleet.resources.labels import EPOCH_LABEL, KOPF_PREFIX, WORKER_LABEL
+
+log = logging.getLogger(__name__)
+
+WORKERS = (GROUP, VERSION, "inferenceworkers")
+SESSIONS = (GROUP, VERSION, "agentsessions")
+POLICIES = (GROUP, VERSION, "drainpolicies")
+
+
+@kopf.on.startup()
+async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: Any) -> None:
+    """Tune kopf for many small objects, then start the fleet loop."""
+    fleet: Fleet = memo["fleet"]
+    settings.posting.loggers = False  # log lines are not Kubernetes Events
+    settings.posting.level = logging.WARNING
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=KOPF_PREFIX)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=KOPF_PREFIX, key="last-handled-configuration"
+    )
+    settings.persistence.finalizer = f"{KOPF_PREFIX}/finalizer"
+    settings.watching.chunk_size = 500
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    settings.watching.label_selectors["pods"] = WORKER_LABEL
+    settings.execution.max_workers = 8
+    settings.queueing.worker_limit = 256
+    settings.networking.error_backoffs = [1, 2, 5, 10, 30]
+    fleet.workers = kwargs["worker_index"]
+    fleet.worker_pods = kwargs["pod_index"]
+    fleet.sessions = kwargs["session_index"]
+    fleet.session_workers = kwargs["session_worker_index"]
+    fleet.nodes = kwargs["node_index"]
+    fleet.policies = kwargs["policy_index"]
+    memo["loop"] = asyncio.create_task(loop.run(fleet), name="fleet loop")
+    memo["scraper"] = asyncio.create_task(loop.scrape_forever(fleet), name="engine scraper")
+
+
+@kopf.on.cleanup()
+async def stop(memo: kopf.Memo, **_: Any) -> None:
+    """Stop the loop and close the clients."""
+    for name in ("loop", "scraper"):
+        task = memo.get(name)
+        if task is not None:
+            task.cancel()
+    fleet: Fleet = memo["fleet"]
+    await fleet.http.aclose()
+    await fleet.kube.aclose()
+
+
+# --- indexes -------------------------------------------------------------------------
+
+
+@kopf.index(*WORKERS)
+def worker_index(body: kopf.Body, namespace: str | None, name: str, **_: Any) -> dict[Any, Any]:
+    """InferenceWorkers by (namespace, name)."""
+    return {(namespace, name): worker_record(body)}
+
+
+@kopf.index("", "v1", "pods", labels={WORKER_LABEL: kopf.PRESENT})
+def pod_index(
+    body: kopf.Body, namespace: str | None, labels: kopf.Labels, **_: Any
+) -> dict[Any, Any]:
+    """Worker pods by (namespace, worker)."""
+    return {(namespace, labels[WORKER_LABEL]): pod_state(body, EPOCH_LABEL)}
+
+
+@kopf.index(*SESSIONS)
+def session_index(body: kopf.Body, namespace: str | None, name: str, **_: Any) -> dict[Any, Any]:
+    """AgentSessions by (namespace, name)."""
+    return {(namespace, name): session_record(body)}
+
+
+@kopf.index(*SESSIONS)
+def session_worker_index(body: kopf.Body, namespace: str | None, **_: Any) -> dict[Any, Any]:
+    """AgentSessions by (namespace, bound worker); unbound ones are not indexed."""
+    state = session_record(body)
+    return {(namespace, state.worker): state} if state.worker else {}
+
+
+@kopf.index("", "v1", "nodes")
+def node_index(body: kopf.Body, name: str, **_: Any) -> dict[Any, Any]:
+    """Nodes by name, reduced to readiness, cordon and taints."""
+    return {name: node_state(body)}
+
+
+@kopf.index(*POLICIES)
+def policy_index(body: kopf.Body, namespace: str | None, **_: Any) -> dict[Any, Any]:
+    """DrainPolicies by namespace."""
+    return {namespace: policy_record(body)}
+
+
+# --- events ---------------------------------------------------------------------------
+# Kopf calls event handlers only once every index is populated from its initial
+# list, so the first call tells the loop it may trust what the indexes say.
+
+
+def _wake(memo: kopf.Memo) -> None:
+    fleet: Fleet = memo["fleet"]
+    fleet.indexed.set()
+    fleet.wakeup.set()
+
+
+@kopf.on.event(*WORKERS)
+def worker_event(memo: kopf.Memo, **_: Any) -> None:
+    """Wake the loop: a worker changed."""
+    _wake(memo)
+
+
+@kopf.on.event("", "v1", "pods", labels={WORKER_LABEL: kopf.PRESENT})
+def pod_event(memo: kopf.Memo, **_: Any) -> None:
+    """Wake the loop: a worker pod changed."""
+    _wake(memo)
+
+
+@kopf.on.event("", "v1", "nodes")
+def node_event(memo: kopf.Memo, **_: Any) -> None:
+    """Wake the loop: a node changed (cordons, taints and readiness start drains)."""
+    _wake(memo)
+
+
+@kopf.on.event(*POLICIES)
+def policy_event(memo: kopf.Memo, **_: Any) -> None:
+    """Wake the loop: a DrainPolicy changed."""
+    _wake(memo)
+
+
+@kopf.on.event(*SESSIONS)
+async def session_event(memo: kopf.Memo, event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
+    """Bind a new session at once; for any other change, wake the loop."""
+    _wake(memo)
+    if event.get("type") == "DELETED":
+        return
+    fleet: Fleet = memo["fleet"]
+    state = session_record(body)
+    if state.worker is None and state.phase is None and not state.finished:
+        await reconcile_session(fleet, state, loop.utcnow())

@@ -1,0 +1,140 @@
+"""Index values: what the operator keeps in memory of each watched object.
+
+Index keys, not bodies: each record holds only what decisions read, so thousands of
+sessions cost little memory. Every record is built by parsing the body with the API
+models; an object that does not parse keeps its reason for a condition.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from sessionfleet.api import (
+    AgentSession,
+    DrainPolicySpec,
+    InferenceWorker,
+    InferenceWorkerStatus,
+    parse,
+)
+from sessionfleet.api.drainpolicy import DrainPolicy
+from sessionfleet.policy.sessions import SessionState
+
+Key = tuple[str, str]
+
+
+def resource_version(body: Mapping[str, Any]) -> int:
+    """Return the resourceVersion as a number, to tell whether a read predates a write.
+
+    The API server documents resourceVersions as opaque, but the etcd-backed server
+    hands out increasing integers; anything else compares as 0 (never newer).
+    """
+    try:
+        return int((body.get("metadata") or {}).get("resourceVersion", "0"))
+    except ValueError:
+        return 0
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerRecord:
+    """One InferenceWorker as the operator sees it."""
+
+    namespace: str
+    name: str
+    resource_version: int
+    worker: InferenceWorker | None
+    invalid: str | None = None
+    raw_status: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def key(self) -> Key:
+        """The worker's (namespace, name)."""
+        return (self.namespace, self.name)
+
+    @property
+    def status(self) -> InferenceWorkerStatus:
+        """The parsed status (empty when the object is invalid)."""
+        return self.worker.status if self.worker is not None else InferenceWorkerStatus()
+
+
+def worker_record(body: Mapping[str, Any]) -> WorkerRecord:
+    """Parse an InferenceWorker body into a record."""
+    meta = body.get("metadata") or {}
+    parsed = parse(InferenceWorker, body)
+    return WorkerRecord(
+        namespace=str(meta.get("namespace", "")),
+        name=str(meta.get("name", "")),
+        resource_version=resource_version(body),
+        worker=parsed.obj,
+        invalid=None if parsed.ok else parsed.message,
+        raw_status=dict(body.get("status") or {}),
+    )
+
+
+def session_record(body: Mapping[str, Any]) -> SessionState:
+    """Parse an AgentSession body into the state the session decision reads."""
+    meta = body.get("metadata") or {}
+    namespace, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
+    parsed = parse(AgentSession, body)
+    if parsed.obj is None:
+        spec = body.get("spec") or {}
+        return SessionState(
+            namespace,
+            name,
+            str(spec.get("sessionId", "")),
+            str(spec.get("model", "")),
+            invalid=parsed.message,
+            resource_version=resource_version(body),
+        )
+    session = parsed.obj
+    spec, status = session.spec, session.status
+    return SessionState(
+        namespace=namespace,
+        name=name,
+        session_id=spec.session_id,
+        model=spec.model,
+        generation=session.metadata.generation,
+        created_at=_created(meta),
+        parent_session_id=spec.parent_session_id,
+        hint=spec.worker_hint,
+        pin=spec.worker_pin,
+        finished=spec.finished,
+        ttl_seconds=spec.ttl_seconds_after_finished,
+        phase=status.phase,
+        worker=status.worker,
+        epoch=status.epoch,
+        observed_generation=status.observed_generation,
+        bound_at=status.bound_at,
+        last_activity=status.last_activity,
+        finished_at=status.finished_at,
+        prompt_tokens=status.prompt_tokens or 0,
+        turns=status.turns or 0,
+        recomputed_tokens=status.recomputed_tokens or 0,
+        migrations=tuple(m.wire() for m in status.migrations),
+        resource_version=resource_version(body),
+    )
+
+
+def _created(meta: Mapping[str, Any]) -> datetime | None:
+    stamp = meta.get("creationTimestamp")
+    return datetime.fromisoformat(str(stamp).replace("Z", "+00:00")) if stamp else None
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyRecord:
+    """One DrainPolicy: its spec, or why it could not be parsed."""
+
+    name: str
+    spec: DrainPolicySpec | None
+    invalid: str | None = None
+
+
+def policy_record(body: Mapping[str, Any]) -> PolicyRecord:
+    """Parse a DrainPolicy body into a record."""
+    parsed = parse(DrainPolicy, body)
+    name = str((body.get("metadata") or {}).get("name", ""))
+    if parsed.obj is None:
+        return PolicyRecord(name, None, parsed.message)
+    return PolicyRecord(name, parsed.obj.spec)

@@ -1,0 +1,124 @@
+"""``sessionfleet operator``: run the controllers under kopf."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+from datetime import timedelta
+from typing import Any
+
+import httpx
+
+from sessionfleet.api import parse_duration
+from sessionfleet.controllers.config import OperatorConfig
+from sessionfleet.resources.pods import EngineImages
+
+DEFAULTS = OperatorConfig()
+
+
+def _duration(text: str) -> timedelta:
+    try:
+        return parse_duration(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from error
+
+
+def add_parser(commands: Any) -> None:
+    """Register the ``operator`` subcommand."""
+    parser = commands.add_parser(
+        "operator",
+        help="run the operator (InferenceWorker, AgentSession, DrainPolicy controllers)",
+        description="Run the sessionfleet operator against the cluster in the kubeconfig "
+        "(or the pod's ServiceAccount).",
+    )
+    parser.add_argument(
+        "--namespace",
+        action="append",
+        default=[],
+        help="serve only this namespace (repeatable); default: the whole cluster",
+    )
+    parser.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, in-cluster)")
+    parser.add_argument(
+        "--idle-timeout",
+        type=_duration,
+        default=DEFAULTS.idle_timeout,
+        help="finish sessions with no turn for this long (default 30m)",
+    )
+    parser.add_argument(
+        "--node-not-ready-toleration",
+        type=_duration,
+        default=DEFAULTS.node_not_ready_toleration,
+        help="replace a worker whose node is NotReady this long (default 30s)",
+    )
+    parser.add_argument(
+        "--resync",
+        type=float,
+        default=DEFAULTS.resync_seconds,
+        help="seconds between full reconciles without events (default 2)",
+    )
+    parser.add_argument(
+        "--scrape-interval",
+        type=float,
+        default=DEFAULTS.scrape_interval_seconds,
+        help="seconds between engine metric scrapes (default 15)",
+    )
+    parser.add_argument("--metrics-port", type=int, default=DEFAULTS.metrics_port)
+    parser.add_argument("--health-port", type=int, default=DEFAULTS.health_port)
+    parser.add_argument("--vllm-image", default=DEFAULTS.images.vllm)
+    parser.add_argument("--sim-image", default=DEFAULTS.images.sim)
+    parser.add_argument("--verbose", "-v", action="store_true", help="log debug messages")
+    parser.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    config = OperatorConfig(
+        namespaces=tuple(args.namespace),
+        kubeconfig=args.kubeconfig,
+        idle_timeout=args.idle_timeout,
+        node_not_ready_toleration=args.node_not_ready_toleration,
+        resync_seconds=args.resync,
+        scrape_interval_seconds=args.scrape_interval,
+        metrics_port=args.metrics_port,
+        health_port=args.health_port,
+        images=EngineImages(vllm=args.vllm_image, sim=args.sim_image),
+    )
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    if not args.verbose:
+        # Per-request and per-event lines would drown what matters at fleet scale.
+        logging.getLogger("httpx").setLevel(logging.WARNING)
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    asyncio.run(run_operator(config))
+    return 0
+
+
+async def run_operator(config: OperatorConfig) -> None:
+    """Run kopf with the sessionfleet handlers until it is stopped."""
+    import kopf
+    from prometheus_client import start_http_server
+
+    from sessionfleet.controllers import handlers  # noqa: F401 - registers the handlers
+    from sessionfleet.controllers.fleet import Fleet
+    from sessionfleet.kube import Kube, KubeConfig
+
+    if config.kubeconfig:
+        # kopf's own login reads $KUBECONFIG; both clients then use the same file.
+        os.environ["KUBECONFIG"] = config.kubeconfig
+    kube_config = KubeConfig.load(config.kubeconfig)
+    fleet = Fleet(
+        config=config,
+        kube=Kube(kube_config, user_agent="sessionfleet-operator"),
+        http=httpx.AsyncClient(),
+    )
+    start_http_server(config.metrics_port)
+    await kopf.operator(
+        clusterwide=not config.namespaces,
+        namespaces=config.namespaces,
+        standalone=True,
+        liveness_endpoint=f"http://0.0.0.0:{config.health_port}/healthz",
+        memo=kopf.Memo(fleet=fleet),
+    )

@@ -1,0 +1,233 @@
+"""AgentSession reconciliation: bind, follow the worker, finish, expire, migrate.
+
+Sessions are numerous, so this is the cheap path: no per-session kopf handlers that
+write annotations or finalizers, only status merge-patches that change something —
+bind, finish, delete: three operator writes in a session's uneventful life.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+from typing import Any
+
+from sessionfleet.api import (
+    ConditionStatus,
+    ConditionType,
+    MigrationReason,
+    Reason,
+    SessionPhase,
+)
+from sessionfleet.controllers import metrics
+from sessionfleet.controllers.fleet import Fleet
+from sessionfleet.controllers.status import iso
+from sessionfleet.kube import SESSIONS, KubeError, NotFound
+from sessionfleet.policy.placement import PlacementRequest, place
+from sessionfleet.policy.sessions import (
+    Action,
+    SessionDecision,
+    SessionState,
+    WorkerBrief,
+    decide_session,
+)
+
+log = logging.getLogger(__name__)
+
+
+def _ready_condition(ready: bool, reason: Reason, message: str, now: datetime) -> dict[str, Any]:
+    return {
+        "type": ConditionType.READY.value,
+        "status": (ConditionStatus.TRUE if ready else ConditionStatus.FALSE).value,
+        "reason": reason.value,
+        "message": message,
+        "lastTransitionTime": iso(now),
+    }
+
+
+async def _patch_status(fleet: Fleet, session: SessionState, status: dict[str, Any]) -> bool:
+    try:
+        body = await fleet.kube.patch(
+            SESSIONS, session.name, {"status": status}, session.namespace, status=True
+        )
+    except NotFound:
+        return False
+    metrics.API_WRITES.labels("patch", "agentsessions/status").inc()
+    fleet.freshness.mark(session.key, body)
+    return True
+
+
+def _brief(fleet: Fleet, session: SessionState) -> WorkerBrief | None:
+    if session.worker is None:
+        return None
+    record = fleet.worker(session.namespace, session.worker)
+    if record is None or record.worker is None:
+        return None
+    status = record.status
+    return WorkerBrief(record.name, status.phase, status.epoch, status.pod)
+
+
+async def reconcile_session(fleet: Fleet, session: SessionState, now: datetime) -> None:
+    """Take the next step for one session, if it needs one."""
+    key = session.key
+    if key in fleet.busy_sessions or fleet.freshness.is_stale(key, session.resource_version):
+        return
+    if session.worker is not None:
+        fleet.ledger.settle(key)
+    decision = decide_session(session, _brief(fleet, session), now, fleet.config.idle_timeout)
+    if decision.action is Action.NOTHING:
+        return
+    fleet.busy_sessions.add(key)
+    try:
+        await _act(fleet, session, decision, now)
+    except KubeError as error:
+        log.warning("session %s/%s: %s", session.namespace, session.name, error)
+    finally:
+        fleet.busy_sessions.discard(key)
+
+
+async def _act(
+    fleet: Fleet, session: SessionState, decision: SessionDecision, now: datetime
+) -> None:
+    if decision.action is Action.PLACE:
+        await bind(fleet, session, now)
+    elif decision.action is Action.DELETE:
+        try:
+            await fleet.kube.delete(SESSIONS, session.name, session.namespace)
+            metrics.API_WRITES.labels("delete", "agentsessions").inc()
+        except NotFound:
+            pass
+    elif decision.action is Action.UPDATE and decision.phase is not None:
+        status: dict[str, Any] = {
+            "phase": decision.phase.value,
+            "observedGeneration": session.generation,
+            "conditions": [
+                _ready_condition(
+                    decision.phase is SessionPhase.BOUND,
+                    decision.reason or Reason.BOUND,
+                    decision.message,
+                    now,
+                )
+            ],
+        }
+        if decision.phase is SessionPhase.FINISHED:
+            status["finishedAt"] = iso(now)
+        if decision.phase is SessionPhase.BOUND:
+            brief = _brief(fleet, session)
+            if brief is not None:
+                status.update(epoch=brief.epoch, pod=brief.pod)
+        await _patch_status(fleet, session, status)
+
+
+async def bind(fleet: Fleet, session: SessionState, now: datetime) -> None:
+    """Place a new session and bind it, or record why it must wait."""
+    parent_worker = (
+        fleet.worker_of_session_id(session.namespace, session.parent_session_id)
+        if session.parent_session_id
+        else None
+    )
+    placement = place(
+        PlacementRequest(
+            model=session.model,
+            pin=session.pin,
+            hint=session.hint,
+            parent_worker=parent_worker,
+            expected_tokens=session.context_tokens,
+        ),
+        fleet.loads(session.namespace),
+    )
+    if placement.worker is None:
+        if session.phase is SessionPhase.PENDING:
+            return  # already says so; retried by the loop when capacity changes
+        await _patch_status(
+            fleet,
+            session,
+            {
+                "phase": SessionPhase.PENDING.value,
+                "observedGeneration": session.generation,
+                "conditions": [_ready_condition(False, placement.reason, placement.message, now)],
+            },
+        )
+        return
+    record = fleet.worker(session.namespace, placement.worker)
+    status = record.status if record is not None else None
+    fleet.ledger.add(session.key, placement.worker, session.context_tokens)
+    bound = await _patch_status(
+        fleet,
+        session,
+        {
+            "phase": SessionPhase.BOUND.value,
+            "worker": placement.worker,
+            "pod": status.pod if status else None,
+            "epoch": status.epoch if status else None,
+            "boundAt": iso(now),
+            "observedGeneration": session.generation,
+            "conditions": [_ready_condition(True, Reason.BOUND, placement.message, now)],
+        },
+    )
+    if not bound:
+        fleet.ledger.settle(session.key)
+        return
+    if session.created_at is not None:
+        metrics.BIND_LATENCY.observe(max((now - session.created_at).total_seconds(), 0.0))
+
+
+async def migrate_session(
+    fleet: Fleet, namespace: str, name: str, *, exclude: str, now: datetime
+) -> None:
+    """Rebind a session of a draining worker to the best other worker.
+
+    Without a checkpoint the new worker recomputes the session's prefix at its next
+    turn; the router counts that in the session's recomputedTokens, never silently.
+    """
+    session = fleet.session(namespace, name)
+    if session is None or session.worker != exclude or session.key in fleet.busy_sessions:
+        return
+    if fleet.freshness.is_stale(session.key, session.resource_version):
+        return
+    placement = place(
+        PlacementRequest(
+            model=session.model,
+            expected_tokens=session.context_tokens,
+            exclude=frozenset({exclude}),
+        ),
+        fleet.loads(namespace),
+    )
+    if placement.worker is None:
+        return  # nowhere to go yet: the drain keeps holding until its deadline
+    record = fleet.worker(namespace, placement.worker)
+    status = record.status if record is not None else None
+    migration = {
+        "from": exclude,
+        "to": placement.worker,
+        "reason": MigrationReason.DRAIN.value,
+        "at": iso(now),
+    }
+    fleet.busy_sessions.add(session.key)
+    try:
+        fleet.ledger.add(session.key, placement.worker, session.context_tokens)
+        moved = await _patch_status(
+            fleet,
+            session,
+            {
+                "phase": SessionPhase.BOUND.value,
+                "worker": placement.worker,
+                "pod": status.pod if status else None,
+                "epoch": status.epoch if status else None,
+                "boundAt": iso(now),
+                "migrations": [*session.migrations, migration],
+                "conditions": [
+                    _ready_condition(
+                        True,
+                        Reason.BOUND,
+                        f"migrated from draining worker {exclude}: {placement.message}",
+                        now,
+                    )
+                ],
+            },
+        )
+        if moved:
+            metrics.MIGRATIONS.labels(MigrationReason.DRAIN.value).inc()
+        else:
+            fleet.ledger.settle(session.key)
+    finally:
+        fleet.busy_sessions.discard(session.key)

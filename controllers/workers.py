@@ -1,0 +1,215 @@
+"""InferenceWorker reconciliation: observe → plan → act → write status.
+
+Called by the fleet loop for every worker; the decisions are all in
+:func:`sessionfleet.policy.worker.plan_worker`. Actions are idempotent (a pod is
+created by its deterministic name, a hold is put up or taken down whatever was
+there), so a restarted operator picks up where the last one stopped.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+from typing import Any
+
+from sessionfleet.api import (
+    ConditionStatus,
+    ConditionType,
+    HoldMechanism,
+    InferenceWorker,
+    Reason,
+    WorkerPhase,
+)
+from sessionfleet.controllers import metrics
+from sessionfleet.controllers.fleet import EngineStats, Fleet
+from sessionfleet.controllers.records import WorkerRecord
+from sessionfleet.controllers.sessions import migrate_session
+from sessionfleet.controllers.status import iso, merge_conditions, status_patch
+from sessionfleet.kube import PDBS, PODS, WORKERS, Conflict, KubeError, NotFound
+from sessionfleet.policy.drain import PinnedSession, resolve_policy
+from sessionfleet.policy.worker import ConditionPlan, WorkerObservation, WorkerPlan, plan_worker
+from sessionfleet.resources.pods import build_pdb, build_pod, hold_annotations
+
+log = logging.getLogger(__name__)
+
+ACTIVE_WINDOW_SECONDS = 60.0
+"""A pinned session with a turn in the last minute counts as active."""
+
+
+def observe(
+    fleet: Fleet, record: WorkerRecord, worker: InferenceWorker, now: datetime
+) -> WorkerObservation:
+    """Gather what the plan needs from the indexes."""
+    pods = fleet.pods_of(record.key)
+    epoch = max([record.status.epoch or 0, *(p.epoch for p in pods)])
+    current = next((p for p in pods if p.epoch == epoch), None)
+    policies = {p.name: p.spec for p in fleet.policies_in(record.namespace) if p.spec is not None}
+    pinned = [s for s in fleet.sessions_of(record.key) if s.pinned]
+    return WorkerObservation(
+        name=record.name,
+        spec=worker.spec,
+        status=record.status,
+        pods=pods,
+        node=fleet.node(current.node if current is not None else record.status.node),
+        pinned=[PinnedSession(s.name) for s in pinned],
+        policy=resolve_policy(worker.metadata.labels, worker.spec.drain_policy_ref, policies),
+        now=now,
+        node_not_ready_toleration=fleet.config.node_not_ready_toleration,
+    )
+
+
+def desired_status(
+    fleet: Fleet, record: WorkerRecord, worker: InferenceWorker, plan: WorkerPlan, now: datetime
+) -> dict[str, Any]:
+    """Return the status the plan describes, as the API server would store it."""
+    pinned = [s for s in fleet.sessions_of(record.key) if s.pinned]
+    active = [
+        s
+        for s in pinned
+        if s.last_activity is not None
+        and (now - s.last_activity).total_seconds() <= ACTIVE_WINDOW_SECONDS
+    ]
+    # A recovering worker's last figures describe the pod that is gone.
+    recovering = plan.phase is WorkerPhase.RECOVERING
+    stats = EngineStats() if recovering else fleet.stats.get(record.key, EngineStats())
+    hit_rate = None
+    if stats.prefix_queries:
+        hit_rate = round(100.0 * (stats.prefix_hits or 0.0) / stats.prefix_queries, 1)
+    conditions: list[ConditionPlan] = [
+        ConditionPlan(ConditionType.VALID, ConditionStatus.TRUE, Reason.PARSED, "spec accepted"),
+        *plan.conditions,
+    ]
+    return {
+        "observedGeneration": worker.metadata.generation,
+        "phase": plan.phase.value,
+        "epoch": plan.epoch,
+        "pod": plan.pod,
+        "node": plan.node,
+        "endpoint": plan.endpoint,
+        "pinnedSessions": len(pinned),
+        "activeSessions": len(active),
+        "kvCacheUsagePercent": round(100 * stats.kv_usage) if stats.kv_usage is not None else None,
+        "prefixHitRatePercent": hit_rate,
+        "runningRequests": stats.running,
+        "waitingRequests": stats.waiting,
+        "drainStartedAt": iso(plan.drain_started_at),
+        "conditions": merge_conditions(
+            record.raw_status.get("conditions") or [],
+            conditions,
+            now,
+            worker.metadata.generation,
+        ),
+    }
+
+
+async def write_status(fleet: Fleet, record: WorkerRecord, patch: dict[str, Any]) -> None:
+    """Patch the worker's status subresource and remember the version it produced."""
+    body = await fleet.kube.patch(
+        WORKERS, record.name, {"status": patch}, record.namespace, status=True
+    )
+    metrics.API_WRITES.labels("patch", "inferenceworkers/status").inc()
+    fleet.freshness.mark(record.key, body)
+
+
+async def reconcile_invalid(fleet: Fleet, record: WorkerRecord, now: datetime) -> None:
+    """Mark a worker whose spec does not parse: phase Failed, Valid=False with the reason."""
+    invalid = ConditionPlan(
+        ConditionType.VALID, ConditionStatus.FALSE, Reason.INVALID_SPEC, record.invalid or ""
+    )
+    desired = {
+        "phase": WorkerPhase.FAILED.value,
+        "conditions": merge_conditions(record.raw_status.get("conditions") or [], [invalid], now),
+    }
+    patch = status_patch(record.raw_status, desired)
+    if patch:
+        await write_status(fleet, record, patch)
+
+
+async def reconcile_worker(fleet: Fleet, record: WorkerRecord, now: datetime) -> None:
+    """Bring one worker one step closer to its plan."""
+    if fleet.freshness.is_stale(record.key, record.resource_version):
+        return  # our last status write has not come back through the watch yet
+    if record.worker is None:
+        await reconcile_invalid(fleet, record, now)
+        return
+    worker = record.worker
+    plan = plan_worker(observe(fleet, record, worker, now))
+    desired = desired_status(fleet, record, worker, plan, now)
+    patch = status_patch(record.raw_status, desired)
+
+    # A new epoch, or Drained, is recorded before the pods change, so that a restart
+    # in between never mistakes our own deletion for a failure.
+    epoch_changed = plan.epoch != (record.status.epoch or 0)
+    if patch and (epoch_changed or plan.phase is WorkerPhase.DRAINED):
+        await write_status(fleet, record, patch)
+        patch = {}
+        if plan.recovery is not None and epoch_changed:
+            metrics.RECOVERIES.labels(plan.recovery.value).inc()
+            log.info("worker %s: %s; epoch %d", record.key, plan.recovery.value, plan.epoch)
+    started = record.status.drain_started_at
+    if plan.drain_done and record.status.phase is WorkerPhase.DRAINING and started:
+        metrics.DRAIN_DURATION.observe((now - started).total_seconds())
+
+    if plan.create_pod:
+        await _create_pod(fleet, worker, plan.epoch)
+    for name in plan.delete_pods:
+        await _delete_pod(fleet, record.namespace, name)
+    await _apply_holds(fleet, record, worker, plan)
+    for session_name in plan.migrate:
+        await migrate_session(fleet, record.namespace, session_name, exclude=record.name, now=now)
+    if patch:
+        await write_status(fleet, record, patch)
+
+
+async def _create_pod(fleet: Fleet, worker: InferenceWorker, epoch: int) -> None:
+    try:
+        await fleet.kube.create(
+            PODS, build_pod(worker, epoch, fleet.config.images), worker.metadata.namespace
+        )
+        metrics.API_WRITES.labels("create", "pods").inc()
+    except Conflict:
+        pass  # created by an earlier attempt: the name is deterministic
+
+
+async def _delete_pod(fleet: Fleet, namespace: str, name: str) -> None:
+    try:
+        await fleet.kube.delete(PODS, name, namespace, grace_period_seconds=30)
+        metrics.API_WRITES.labels("delete", "pods").inc()
+    except NotFound:
+        pass
+
+
+async def _apply_holds(
+    fleet: Fleet, record: WorkerRecord, worker: InferenceWorker, plan: WorkerPlan
+) -> None:
+    """Put up or take down the PodDisruptionBudget and the pod annotations."""
+    wanted = plan.holds
+    pdb = HoldMechanism.POD_DISRUPTION_BUDGET in wanted
+    if fleet.holds.get(record.key) != wanted:
+        try:
+            if pdb:
+                await fleet.kube.create(PDBS, build_pdb(worker), record.namespace)
+                metrics.API_WRITES.labels("create", "poddisruptionbudgets").inc()
+            else:
+                await fleet.kube.delete(PDBS, record.name, record.namespace)
+                metrics.API_WRITES.labels("delete", "poddisruptionbudgets").inc()
+        except (Conflict, NotFound):
+            pass  # already as wanted
+        fleet.holds[record.key] = wanted
+    if plan.pod is None:
+        return
+    if fleet.pod_holds.get(plan.pod) != wanted:
+        annotations = hold_annotations(
+            HoldMechanism.KARPENTER_DO_NOT_DISRUPT in wanted,
+            HoldMechanism.CLUSTER_AUTOSCALER_SAFE_TO_EVICT in wanted,
+        )
+        try:
+            await fleet.kube.patch(
+                PODS, plan.pod, {"metadata": {"annotations": annotations}}, record.namespace
+            )
+            metrics.API_WRITES.labels("patch", "pods").inc()
+            fleet.pod_holds[plan.pod] = wanted
+        except NotFound:
+            fleet.pod_holds.pop(plan.pod, None)
+        except KubeError as error:
+            log.warning("cannot annotate pod %s/%s: %s", record.namespace, plan.pod, error)

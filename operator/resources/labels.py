@@ -1,0 +1,23 @@
+"""Label and annotation keys: the operator's own, and the platform ones it sets."""
+
+from __future__ import annotations
+
+WORKER_LABEL = "sessionfleet.dev/worker"
+"""On a worker's pods and PodDisruptionBudget: the InferenceWorker's name."""
+
+EPOCH_LABEL = "sessionfleet.dev/epoch"
+"""On a worker's pods: the incarnation number of the worker the pod belongs to."""
+
+MODEL_LABEL = "sessionfleet.dev/model"
+"""On a worker's pods: the served model, sanitised to a label value."""
+
+MANAGED_BY = {"app.kubernetes.io/managed-by": "sessionfleet"}
+
+KARPENTER_DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
+"""Karpenter treats a pod with this annotation set to "true" like a fully blocking PDB."""
+
+CA_SAFE_TO_EVICT = "cluster-autoscaler.kubernetes.io/safe-to-evict"
+"""cluster-autoscaler never scales down a node with a pod annotated "false"."""
+
+KOPF_PREFIX = "kopf.sessionfleet.dev"
+"""The prefix of any annotation kopf itself would write (progress, diff base)."""

@@ -1,0 +1,202 @@
+"""The worker's Pod and PodDisruptionBudget, built from its spec: pure functions."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sessionfleet._version import __version__
+from sessionfleet.api import API_VERSION, EngineType, InferenceWorker
+from sessionfleet.policy.worker import pod_name
+from sessionfleet.resources.labels import (
+    CA_SAFE_TO_EVICT,
+    EPOCH_LABEL,
+    KARPENTER_DO_NOT_DISRUPT,
+    MANAGED_BY,
+    MODEL_LABEL,
+    WORKER_LABEL,
+)
+from sessionfleet.resources.names import label_value
+
+# vLLM only hits prefixes saved by another (or a restarted) worker when Python's
+# hash seed is the same everywhere (FACTS.md: LMCache across workers).
+PYTHONHASHSEED = "0"
+
+
+@dataclass(frozen=True, slots=True)
+class EngineImages:
+    """Default images when a worker's spec names none."""
+
+    vllm: str = "vllm/vllm-openai:v0.11.0"
+    sim: str = f"ghcr.io/sessionfleet/sessionfleet:{__version__}"
+
+
+def owner_reference(worker: InferenceWorker) -> dict[str, Any]:
+    """Return a controller reference to the worker (for garbage collection and drains)."""
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "InferenceWorker",
+        "name": worker.metadata.name,
+        "uid": worker.metadata.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def worker_labels(worker: InferenceWorker) -> dict[str, str]:
+    """Return the labels every object of a worker carries."""
+    return {
+        **MANAGED_BY,
+        WORKER_LABEL: worker.metadata.name,
+        MODEL_LABEL: label_value(worker.spec.model),
+    }
+
+
+def engine_args(worker: InferenceWorker) -> list[str]:
+    """Return the engine's arguments: the operator's, then the user's extra ones."""
+    spec = worker.spec
+    port = str(spec.engine.port)
+    if spec.engine.type is EngineType.SIM:
+        args = [
+            "sim-engine",
+            "--host=$(POD_IP)",
+            f"--port={port}",
+            f"--model={spec.model}",
+        ]
+        if spec.capacity.kv_tokens:
+            args.append(f"--kv-tokens={spec.capacity.kv_tokens}")
+        return [*args, *spec.engine.args]
+    return [
+        spec.model,
+        "--served-model-name",
+        spec.model,
+        "--host=0.0.0.0",
+        f"--port={port}",
+        "--enable-prefix-caching",
+        # cached_tokens per request, and usage in every stream, are what the router
+        # counts hits and recomputation from (FACTS.md "vLLM interfaces").
+        "--enable-prompt-tokens-details",
+        "--enable-force-include-usage",
+        f"--tensor-parallel-size={max(spec.gpus, 1)}",
+        *spec.engine.args,
+    ]
+
+
+def build_pod(
+    worker: InferenceWorker, epoch: int, images: EngineImages | None = None
+) -> dict[str, Any]:
+    """Return the worker's pod for ``epoch``, named ``<worker>-<epoch>``."""
+    images = images or EngineImages()
+    spec = worker.spec
+    engine = spec.engine
+    overlay = spec.template
+    is_sim = engine.type is EngineType.SIM
+    image = engine.image or (images.sim if is_sim else images.vllm)
+    resources: dict[str, dict[str, Any]] = {
+        "requests": dict(spec.resources.requests),
+        "limits": dict(spec.resources.limits),
+    }
+    if spec.gpus:
+        resources["limits"]["nvidia.com/gpu"] = spec.gpus
+        resources["requests"]["nvidia.com/gpu"] = spec.gpus
+    env: list[dict[str, Any]] = [
+        {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        {"name": "PYTHONHASHSEED", "value": PYTHONHASHSEED},
+        *({"name": e.name, "value": e.value} for e in engine.env),
+    ]
+    volumes: list[dict[str, Any]] = list(overlay.volumes)
+    mounts: list[dict[str, Any]] = list(overlay.volume_mounts)
+    if not is_sim:
+        # NCCL and PyTorch workers share tensors through /dev/shm; the runtime's
+        # default 64 MiB is too small for tensor parallelism.
+        volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
+        mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
+    container: dict[str, Any] = {
+        "name": "engine",
+        "image": image,
+        "args": engine_args(worker),
+        "env": env,
+        "ports": [{"name": "http", "containerPort": engine.port, "protocol": "TCP"}],
+        "resources": resources,
+        "readinessProbe": {
+            "httpGet": {"path": "/health", "port": "http"},
+            "periodSeconds": 5,
+            "failureThreshold": 3,
+        },
+        "volumeMounts": mounts,
+    }
+    if is_sim:
+        container["command"] = ["sessionfleet"]
+        container["securityContext"] = {
+            "runAsNonRoot": True,
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+        }
+    tolerations = [t.wire() for t in overlay.tolerations]
+    if spec.gpus and not any(t.get("key") == "nvidia.com/gpu" for t in tolerations):
+        tolerations.append({"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"})
+    pod_spec: dict[str, Any] = {
+        "containers": [container],
+        "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": 30,
+        "nodeSelector": dict(overlay.node_selector),
+        "tolerations": tolerations,
+        "volumes": volumes,
+        "enableServiceLinks": False,
+        "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+    }
+    for key, value in (
+        ("affinity", overlay.affinity),
+        ("serviceAccountName", overlay.service_account_name),
+        ("priorityClassName", overlay.priority_class_name),
+        ("runtimeClassName", overlay.runtime_class_name),
+    ):
+        if value:
+            pod_spec[key] = value
+    name = worker.metadata.name
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": pod_name(name, epoch),
+            "namespace": worker.metadata.namespace,
+            "labels": {**overlay.labels, **worker_labels(worker), EPOCH_LABEL: str(epoch)},
+            "annotations": dict(overlay.annotations),
+            "ownerReferences": [owner_reference(worker)],
+        },
+        "spec": pod_spec,
+    }
+
+
+def build_pdb(worker: InferenceWorker) -> dict[str, Any]:
+    """Return the PodDisruptionBudget that blocks eviction of the worker's pod.
+
+    ``maxUnavailable: 0`` refuses every voluntary eviction of a healthy pod (the
+    Eviction API answers 429); ``unhealthyPodEvictionPolicy: AlwaysAllow`` still
+    lets a pod that is not Ready go, so a broken worker never blocks a node drain.
+    """
+    name = worker.metadata.name
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {
+            "name": name,
+            "namespace": worker.metadata.namespace,
+            "labels": worker_labels(worker),
+            "ownerReferences": [owner_reference(worker)],
+        },
+        "spec": {
+            "maxUnavailable": 0,
+            "unhealthyPodEvictionPolicy": "AlwaysAllow",
+            "selector": {"matchLabels": {WORKER_LABEL: name}},
+        },
+    }
+
+
+def hold_annotations(karpenter: bool, autoscaler: bool) -> dict[str, str | None]:
+    """Return the pod annotations of the hold mechanisms; ``None`` removes one."""
+    return {
+        KARPENTER_DO_NOT_DISRUPT: "true" if karpenter else None,
+        CA_SAFE_TO_EVICT: "false" if autoscaler else None,
+    }

@@ -1,0 +1,105 @@
+"""The controllers' pure parts: records, status patches, conditions, engine metrics."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from sessionfleet.api import ConditionStatus, ConditionType, Reason, SessionPhase
+from sessionfleet.controllers.fleet import Freshness
+from sessionfleet.controllers.loop import parse_engine_metrics
+from sessionfleet.controllers.records import session_record, worker_record
+from sessionfleet.controllers.status import merge_conditions, status_patch
+from sessionfleet.policy.worker import ConditionPlan
+
+NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+
+
+def test_status_patch_carries_only_changes_and_deletions() -> None:
+    current = {"phase": "Ready", "epoch": 1, "node": "n1", "pinnedSessions": 3}
+    desired = {"phase": "Ready", "epoch": 2, "node": None, "pinnedSessions": 3, "pod": None}
+    assert status_patch(current, desired) == {"epoch": 2, "node": None}
+
+
+def test_conditions_keep_their_transition_time_when_status_holds() -> None:
+    old = [
+        {
+            "type": "Ready",
+            "status": "True",
+            "reason": "PodReady",
+            "message": "",
+            "lastTransitionTime": "2026-11-29T11:00:00Z",
+        }
+    ]
+    same = ConditionPlan(ConditionType.READY, ConditionStatus.TRUE, Reason.POD_READY, "")
+    merged = merge_conditions(old, [same], NOW)
+    assert merged[0]["lastTransitionTime"] == "2026-11-29T11:00:00Z"
+    assert status_patch({"conditions": old}, {"conditions": merged}) == {}
+    flipped = ConditionPlan(ConditionType.READY, ConditionStatus.FALSE, Reason.POD_FAILED, "x")
+    merged = merge_conditions(old, [flipped], NOW)
+    assert merged[0]["lastTransitionTime"] == "2026-11-29T12:00:00Z"
+    assert "conditions" in status_patch({"conditions": old}, {"conditions": merged})
+
+
+def test_freshness_waits_for_the_watch_to_catch_up() -> None:
+    fresh = Freshness()
+    fresh.mark(("ns", "a"), {"metadata": {"resourceVersion": "120"}})
+    assert fresh.is_stale(("ns", "a"), 119)
+    assert not fresh.is_stale(("ns", "a"), 120)
+    assert not fresh.is_stale(("ns", "a"), 1)  # forgotten once caught up
+
+
+def test_session_record_from_a_body() -> None:
+    body = {
+        "apiVersion": "sessionfleet.dev/v1alpha1",
+        "kind": "AgentSession",
+        "metadata": {
+            "name": "s",
+            "namespace": "ns",
+            "generation": 2,
+            "resourceVersion": "77",
+            "creationTimestamp": "2026-11-29T11:59:00Z",
+        },
+        "spec": {"sessionId": "sid", "model": "m", "workerHint": "w"},
+        "status": {"phase": "Bound", "worker": "w", "promptTokens": 9000, "turns": 3},
+    }
+    state = session_record(body)
+    assert (state.phase, state.worker, state.hint, state.resource_version) == (
+        SessionPhase.BOUND,
+        "w",
+        "w",
+        77,
+    )
+    assert state.context_tokens == 3000 and state.invalid is None
+
+
+def test_invalid_bodies_keep_their_reason() -> None:
+    session = session_record(
+        {"metadata": {"name": "s", "namespace": "ns"}, "spec": {"sessionId": "x"}}
+    )
+    assert session.invalid is not None and "spec.model" in session.invalid
+    worker = worker_record(
+        {"metadata": {"name": "w", "namespace": "ns"}, "spec": {"model": "m", "gpus": -1}}
+    )
+    assert worker.worker is None and worker.invalid is not None and "spec.gpus" in worker.invalid
+
+
+def test_engine_metrics_use_current_vllm_names() -> None:
+    text = """# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{model_name="m"} 0.42
+# TYPE vllm:prefix_cache_queries counter
+vllm:prefix_cache_queries_total{model_name="m"} 1000.0
+# TYPE vllm:prefix_cache_hits counter
+vllm:prefix_cache_hits_total{model_name="m"} 940.0
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{model_name="m"} 3.0
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{model_name="m"} 1.0
+"""
+    stats = parse_engine_metrics(text)
+    assert stats.kv_usage == 0.42 and stats.running == 3 and stats.waiting == 1
+    assert stats.prefix_hits == 940.0 and stats.prefix_queries == 1000.0
+
+
+def test_deprecated_metric_names_alone_give_no_figures() -> None:
+    stats = parse_engine_metrics("vllm:gpu_cache_usage_perc 0.5\n")
+    assert stats.kv_usage is None

@@ -1,0 +1,113 @@
+"""Pure builders: the worker pod for each engine, the PDB, names and labels."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from sessionfleet.api import InferenceWorker
+from sessionfleet.resources.labels import EPOCH_LABEL, WORKER_LABEL
+from sessionfleet.resources.names import label_value, session_object_name
+from sessionfleet.resources.pods import build_pdb, build_pod, hold_annotations
+
+
+def worker(**spec: Any) -> InferenceWorker:
+    return InferenceWorker.model_validate(
+        {
+            "metadata": {"name": "qwen-a", "namespace": "ns", "uid": "u-1"},
+            "spec": {"model": "Qwen/Qwen3-32B", **spec},
+        }
+    )
+
+
+def container(pod: dict[str, Any]) -> dict[str, Any]:
+    (only,) = pod["spec"]["containers"]
+    return only  # type: ignore[no-any-return]
+
+
+def test_vllm_pod_has_prefix_caching_usage_details_and_a_fixed_hash_seed() -> None:
+    pod = build_pod(worker(gpus=2, engine={"args": ["--max-model-len", "200000"]}), 3)
+    engine = container(pod)
+    assert pod["metadata"]["name"] == "qwen-a-3"
+    for flag in (
+        "--enable-prefix-caching",
+        "--enable-prompt-tokens-details",
+        "--enable-force-include-usage",
+        "--tensor-parallel-size=2",
+    ):
+        assert flag in engine["args"]
+    assert engine["args"][-2:] == ["--max-model-len", "200000"]  # the user's come last
+    assert {"name": "PYTHONHASHSEED", "value": "0"} in engine["env"]
+    assert engine["resources"]["limits"]["nvidia.com/gpu"] == 2
+    assert engine["image"].startswith("vllm/vllm-openai:")
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in engine["volumeMounts"]
+
+
+def test_sim_pod_binds_the_pod_ip_and_runs_sessionfleet() -> None:
+    pod = build_pod(worker(engine={"type": "sim"}, gpus=1, capacity={"kvTokens": 500000}), 1)
+    engine = container(pod)
+    assert engine["command"] == ["sessionfleet"]
+    assert engine["args"][:2] == ["sim-engine", "--host=$(POD_IP)"]
+    assert "--kv-tokens=500000" in engine["args"]
+    assert engine["env"][0]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    assert engine["securityContext"]["readOnlyRootFilesystem"] is True
+
+
+def test_pod_labels_owner_and_overlay() -> None:
+    pod = build_pod(
+        worker(
+            engine={"type": "sim"},
+            template={
+                "labels": {"team": "a"},
+                "nodeSelector": {"gpu": "h100"},
+                "tolerations": [{"key": "kwok.x-k8s.io/node", "operator": "Exists"}],
+            },
+        ),
+        2,
+    )
+    meta = pod["metadata"]
+    assert meta["labels"][WORKER_LABEL] == "qwen-a" and meta["labels"][EPOCH_LABEL] == "2"
+    assert meta["labels"]["team"] == "a"
+    (owner,) = meta["ownerReferences"]
+    assert owner["controller"] is True and owner["uid"] == "u-1"
+    assert pod["spec"]["nodeSelector"] == {"gpu": "h100"}
+    keys = [t["key"] for t in pod["spec"]["tolerations"]]
+    assert keys == ["kwok.x-k8s.io/node", "nvidia.com/gpu"]
+    assert pod["spec"]["restartPolicy"] == "Never"  # a failed engine is a new epoch
+
+
+def test_pdb_blocks_eviction_of_healthy_worker_pods_only() -> None:
+    pdb = build_pdb(worker())
+    assert pdb["spec"]["maxUnavailable"] == 0
+    assert pdb["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
+    assert pdb["spec"]["selector"] == {"matchLabels": {WORKER_LABEL: "qwen-a"}}
+
+
+def test_hold_annotations_set_and_clear() -> None:
+    assert hold_annotations(True, True) == {
+        "karpenter.sh/do-not-disrupt": "true",
+        "cluster-autoscaler.kubernetes.io/safe-to-evict": "false",
+    }
+    assert set(hold_annotations(False, False).values()) == {None}
+
+
+@pytest.mark.parametrize(
+    "session_id",
+    ["6f1c2b0e-8d4a", "Session With Spaces", "UPPER/lower:punct", "", "x" * 300, "-"],
+)
+def test_session_object_names_are_valid_and_stable(session_id: str) -> None:
+    name = session_object_name(session_id)
+    assert name == session_object_name(session_id)
+    assert len(name) <= 63 and name[0].isalnum() and name[-1].isalnum()
+    assert all(c.isalnum() or c == "-" for c in name) and name == name.lower()
+
+
+def test_ids_differing_in_case_get_different_names() -> None:
+    assert session_object_name("Abc") != session_object_name("abc")
+
+
+def test_label_value() -> None:
+    assert label_value("Qwen/Qwen3-32B") == "Qwen-Qwen3-32B"
+    long = label_value("m" * 100)
+    assert len(long) <= 63 and long[-1].isalnum()
