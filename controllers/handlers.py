@@ -61,6 +61,20 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
     memo["scraper"] = asyncio.create_task(loop.scrape_forever(fleet), name="engine scraper")
 
 
+@kopf.on.login()
+def login(memo: kopf.Memo, **_: Any) -> kopf.ConnectionInfo:
+    """Give kopf the credentials our own client uses: one source, kubeconfig or in-cluster."""
+    config = memo["fleet"].kube.config
+    return kopf.ConnectionInfo(
+        server=config.server,
+        ca_path=config.ca_file,
+        insecure=not config.verify,
+        token=config.bearer_token(),
+        certificate_path=config.cert_file,
+        private_key_path=config.key_file,
+    )
+
+
 @kopf.on.cleanup()
 async def stop(memo: kopf.Memo, **_: Any) -> None:
     """Stop the loop and close the clients."""

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
 from datetime import timedelta
 from typing import Any
 
@@ -105,9 +104,6 @@ async def run_operator(config: OperatorConfig) -> None:
     from sessionfleet.controllers.fleet import Fleet
     from sessionfleet.kube import Kube, KubeConfig
 
-    if config.kubeconfig:
-        # kopf's own login reads $KUBECONFIG; both clients then use the same file.
-        os.environ["KUBECONFIG"] = config.kubeconfig
     kube_config = KubeConfig.load(config.kubeconfig)
     fleet = Fleet(
         config=config,

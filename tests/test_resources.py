@@ -79,7 +79,7 @@ def test_pod_labels_owner_and_overlay() -> None:
 
 def test_pdb_blocks_eviction_of_healthy_worker_pods_only() -> None:
     pdb = build_pdb(worker())
-    assert pdb["spec"]["maxUnavailable"] == 0
+    assert pdb["spec"]["minAvailable"] == 1 and "maxUnavailable" not in pdb["spec"]
     assert pdb["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
     assert pdb["spec"]["selector"] == {"matchLabels": {WORKER_LABEL: "qwen-a"}}
 

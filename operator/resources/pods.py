@@ -172,9 +172,12 @@ def build_pod(
 def build_pdb(worker: InferenceWorker) -> dict[str, Any]:
     """Return the PodDisruptionBudget that blocks eviction of the worker's pod.
 
-    ``maxUnavailable: 0`` refuses every voluntary eviction of a healthy pod (the
-    Eviction API answers 429); ``unhealthyPodEvictionPolicy: AlwaysAllow`` still
-    lets a pod that is not Ready go, so a broken worker never blocks a node drain.
+    ``minAvailable: 1`` over the worker's one pod refuses every voluntary eviction of
+    it while healthy (the Eviction API answers 429); ``unhealthyPodEvictionPolicy:
+    AlwaysAllow`` still lets a pod that is not Ready go, so a broken worker never
+    blocks a node drain. An integer ``minAvailable`` matters: with ``maxUnavailable``
+    the disruption controller needs the owner's scale subresource to count expected
+    pods, which an InferenceWorker does not have, and the budget never computes.
     """
     name = worker.metadata.name
     return {
@@ -187,7 +190,7 @@ def build_pdb(worker: InferenceWorker) -> dict[str, Any]:
             "ownerReferences": [owner_reference(worker)],
         },
         "spec": {
-            "maxUnavailable": 0,
+            "minAvailable": 1,
             "unhealthyPodEvictionPolicy": "AlwaysAllow",
             "selector": {"matchLabels": {WORKER_LABEL: name}},
         },
