@@ -64,3 +64,13 @@ test: lint typecheck layers crds-check unit
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+
+-include e2e/e2e.mk
+
+# The fleet simulator's strategy comparison on the built-in workload (docs/simulator.md):
+# no cluster needed. Pass options through, for example
+#   make simulate SIMULATE_ARGS="--sessions 20000 --drain-mode all --checkpoint both"
+.PHONY: simulate
+SIMULATE_ARGS ?=
+simulate: $(STAMP)
+	$(VENV)/bin/sessionfleet simulate $(SIMULATE_ARGS)

@@ -1,0 +1,565 @@
+"""The discrete-event simulation: a heap of events in virtual time.
+
+One event per turn — the moment its request is sent — plus one when a session's
+last answer ends, and a few control events (drains, failures, checkpoints). When a
+turn is routed, everything about it is known at once: the worker's prefill queue is
+first come first served, so the turn's prefill starts when the queue empties, and
+its answer ends a fixed time per output token later. The next turn is then
+scheduled a tool pause after that end. Nothing is created per turn but the heap
+entry and the in-flight record, which keeps 100,000 sessions of 33 turns within a
+minute on one core.
+
+The prefix cache is read and updated when the turn is routed rather than when its
+prefill starts: a turn waiting in a queue does not see evictions made meanwhile.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from datetime import UTC, datetime, timedelta
+from functools import partial
+from heapq import heappop as _heappop
+from heapq import heappush
+from math import log as _log
+
+from sessionfleet.api import SessionPhase, WorkerPhase
+from sessionfleet.fleetsim._config import (
+    Disruption,
+    Drain,
+    Failure,
+    FleetConfig,
+    OperatorSettings,
+)
+from sessionfleet.fleetsim._results import (
+    _TTFT_BUCKETS,
+    _TTFT_MIN,
+    _TTFT_SCALE,
+    DrainRecord,
+    FailureRecord,
+    SimResult,
+)
+from sessionfleet.fleetsim._state import Live, Worker
+from sessionfleet.fleetsim._strategies import STRATEGIES, Operator, Strategy
+from sessionfleet.policy.drain import PinnedSession, decide_drain
+from sessionfleet.policy.observed import NodeState, PodState
+from sessionfleet.policy.recovery import recovery_reason
+from sessionfleet.policy.sessions import SessionState, WorkerBrief, decide_session
+from sessionfleet.policy.worker import pod_name
+from sessionfleet.workload import Session
+
+# The policies reason in wall-clock datetimes; the simulation's second 0 is this.
+_EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
+_TTFT_INVERSE_MIN = 1.0 / _TTFT_MIN
+
+ProgressCallback = Callable[[int, int | None], None]
+"""Called with (sessions finished, sessions expected or None) now and then."""
+
+
+def _at(seconds: float) -> datetime:
+    return _EPOCH + timedelta(seconds=seconds)
+
+
+class Simulation:
+    """One run of one strategy over one workload.
+
+    ``sessions`` must give root sessions in arrival order; a child may follow its
+    parent anywhere later and starts when the parent finishes turn
+    ``spawn_after_turn`` (or at its own ``arrival`` when its parent is unknown). It
+    is read lazily, so a generator keeps only live sessions in memory.
+    """
+
+    def __init__(
+        self,
+        sessions: Iterable[Session],
+        strategy: Strategy,
+        fleet: FleetConfig | None = None,
+        operator: OperatorSettings | None = None,
+        disruptions: Sequence[Disruption] = (),
+        *,
+        expected_sessions: int | None = None,
+        progress: ProgressCallback | None = None,
+        bin_seconds: float = 60.0,
+    ) -> None:
+        self.config = fleet or FleetConfig()
+        self.settings = operator or OperatorSettings()
+        self.strategy = strategy
+        config = self.config
+        self.workers = [
+            Worker(i, config.worker_name(i), config.kv_tokens, config.block_size)
+            for i in range(config.workers)
+        ]
+        self.by_name = {w.name: w for w in self.workers}
+        self.up_workers = list(self.workers)
+        self.generation = 0
+        self.result = SimResult(strategy.label, bin_seconds=bin_seconds)
+        self._heap: list[tuple[float, int, Live | Callable[[float], None]]] = []
+        self._seq = itertools.count()
+        self._sessions: Iterator[Session] = iter(sessions)
+        self._lookahead: Live | None = None
+        self._last_root_arrival = float("-inf")
+        self._live_by_id: dict[str, Live] = {}
+        self._groups: dict[str, int] = {}
+        self._keys = itertools.count()
+        self._active = 0
+        self._expected = expected_sessions
+        self._progress = progress
+        self._progress_every = max(1, (expected_sessions or 10_000) // 200)
+        self._bin_scale = 1.0 / bin_seconds
+        cost = config.cost
+        self._per_token = cost.prefill_seconds_per_token
+        self._overhead = cost.prefill_overhead_seconds
+        self._tpot = cost.decode_seconds_per_token
+        self._block = config.block_size
+        for disruption in disruptions:
+            if not 0 <= disruption.worker < config.workers:
+                raise ValueError(f"{disruption}: no worker {disruption.worker}")
+            if isinstance(disruption, Drain):
+                self._schedule(disruption.at, partial(self._start_drain, disruption))
+            else:
+                self._schedule(disruption.at, partial(self._fail, disruption))
+        interval = self.settings.checkpoint_interval
+        if strategy.operator and self.settings.can_checkpoint and interval:
+            self._schedule(interval, self._periodic_checkpoint)
+
+    # --- the event loop -------------------------------------------------------------
+
+    def run(self) -> SimResult:
+        """Run until every session has finished; return what was measured."""
+        self._admit(0.0)
+        heap = self._heap
+        heappop = _heappop
+        turn = self._turn
+        while heap:
+            now, _, item = heappop(heap)
+            if item.__class__ is Live:
+                turn(now, item)
+            else:
+                item(now)  # type: ignore[operator]
+        if self._progress is not None:
+            self._progress(self.result.sessions, self._expected)
+        return self.result
+
+    def _schedule(self, when: float, item: Live | Callable[[float], None]) -> None:
+        heappush(self._heap, (when, next(self._seq), item))
+
+    def _admit(self, now: float) -> None:
+        """Read the workload up to the next root session and schedule it."""
+        self._lookahead = None
+        block = self.config.block_size
+        for session in self._sessions:
+            parent = self._live_by_id.get(session.parent_id) if session.parent_id else None
+            if parent is not None and parent.turn < session.spawn_after_turn:
+                parent.children.append(session)
+                parent.next_child_turn = min(c.spawn_after_turn for c in parent.children)
+                continue
+            live = self._new_live(session, block)
+            start = session.arrival if session.arrival > now else now
+            live.ready_at = start
+            self._schedule(start, live)
+            if session.parent_id is None:
+                if session.arrival < self._last_root_arrival:
+                    raise ValueError(
+                        f"session {session.session_id} arrives before the previous root "
+                        "session: give root sessions in arrival order"
+                    )
+                self._last_root_arrival = session.arrival
+                self._lookahead = live
+                return
+
+    def _new_live(self, session: Session, block: int) -> Live:
+        group = self._groups.setdefault(session.prefix_group, -1 - len(self._groups))
+        live = Live(session, next(self._keys), group, block)
+        self._live_by_id[session.session_id] = live
+        self._active += 1
+        return live
+
+    def _spawn(self, parent: Live, when: float) -> None:
+        """Start the children of ``parent`` that wait for the turn it just finished."""
+        block = self.config.block_size
+        done = parent.turn
+        waiting = []
+        for child in parent.children:
+            if child.spawn_after_turn > done:
+                waiting.append(child)
+                continue
+            live = self._new_live(child, block)
+            live.parent = parent
+            shared_with_parent = child.parent_prefix_tokens // block * block
+            live.parent_tokens = max(0, shared_with_parent - live.shared)
+            live.expect = shared_with_parent
+            live.ready_at = when
+            self._schedule(when, live)
+        parent.children = waiting
+        parent.next_child_turn = min((c.spawn_after_turn for c in waiting), default=0)
+
+    def _turn(self, now: float, live: Live) -> None:
+        """Send one turn: route it, serve it from the cache, queue its prefill, decode."""
+        session = live.session
+        k = live.turn
+        if k >= live.turns:
+            self._finish(now, live)
+            return
+        result = self.result
+        if live.hold_until > now:
+            result.held_turns += 1
+            self._schedule(live.hold_until, live)
+            return
+        if live is self._lookahead:
+            self._admit(now)
+        worker = self.strategy.route(self, live, now)
+        if worker is None:
+            result.retried_turns += 1
+            config = self.config
+            wait = config.retry_seconds * 2.0**live.retries
+            live.retries += 1
+            self._schedule(now + min(wait, config.retry_max_seconds), live)
+            return
+        live.retries = 0
+        if worker is not live.worker:
+            self._bind(live, worker)
+
+        new_tokens = session.new_tokens[k]
+        if k == live.next_compaction:
+            # The agent compacted its context: only the system prompt still matches.
+            prompt = session.system_prompt_tokens + new_tokens
+            expect = live.shared
+            live.next_compaction = next((c for c in session.compactions if c > k), -1)
+            hit = worker.cache.access(live.key, live.group, live.shared, prompt, True)
+        else:
+            prompt = live.prompt + new_tokens
+            expect = live.expect
+            if k == 0 and live.parent_tokens:
+                parent = live.parent
+                assert parent is not None
+                hit = worker.cache.access(
+                    live.key, live.group, live.shared, prompt, False, parent.key, live.parent_tokens
+                )
+            else:
+                hit = worker.cache.access(live.key, live.group, live.shared, prompt)
+
+        result.turns += 1
+        result.input_tokens += prompt
+        result.cached_tokens += hit
+        if expect > hit:
+            recomputed = expect - hit
+            result.recomputed_tokens += recomputed
+            if recomputed + recomputed > expect:
+                live.lost = True
+
+        # Prefill waits for the worker's queue; decoding follows it.
+        free_at = worker.free_at
+        finish = (
+            (free_at if free_at > now else now) + self._overhead + (prompt - hit) * self._per_token
+        )
+        worker.free_at = finish
+        ttft = finish - live.ready_at
+        output = session.output_tokens[k]
+        end = finish + output * self._tpot
+        result.output_tokens += output
+        result.ttft_sum += ttft
+        if ttft > result.ttft_max:
+            result.ttft_max = ttft
+        # ttft_bucket(), inlined: this runs once per turn.
+        bucket = int(_log(ttft * _TTFT_INVERSE_MIN) * _TTFT_SCALE) + 1 if ttft > _TTFT_MIN else 0
+        result.ttft_histogram[bucket if bucket < _TTFT_BUCKETS else _TTFT_BUCKETS - 1] += 1
+        bin_index = int(now * self._bin_scale)
+        bin_input = result.bin_input
+        if bin_index >= len(bin_input):
+            self._grow_bins(bin_index)
+        bin_input[bin_index] += prompt
+        result.bin_cached[bin_index] += hit
+        result.bin_ttft[bin_index] += ttft
+        result.bin_turns[bin_index] += 1
+
+        inflight = worker.inflight
+        if inflight and inflight[0][0] <= now:
+            worker.expire(now)
+        heappush(inflight, (end, prompt + output))
+        worker.inflight_tokens += prompt + output
+        worker.pinned_tokens += prompt - live.prompt
+        live.prompt = prompt
+        live.expect = prompt - prompt % self._block
+        k += 1
+        live.turn = k
+        live.busy_until = end
+        if live.next_child_turn == k:
+            self._spawn(live, end)
+        ready = end + session.pauses[k - 1] if k < live.turns else end
+        live.ready_at = ready
+        heappush(self._heap, (ready, next(self._seq), live))
+
+    def _grow_bins(self, index: int) -> None:
+        result = self.result
+        grow = index + 1 - len(result.bin_input)
+        result.bin_input.extend([0] * grow)
+        result.bin_cached.extend([0] * grow)
+        result.bin_ttft.extend([0.0] * grow)
+        result.bin_turns.extend([0] * grow)
+
+    def _finish(self, now: float, live: Live) -> None:
+        """Unbind and count a session whose last answer is done."""
+        worker = live.worker
+        if worker is not None:
+            self._unbind(live)
+        if live.children:
+            self._spawn(live, now)
+        self._live_by_id.pop(live.session.session_id, None)
+        self._active -= 1
+        result = self.result
+        result.sessions += 1
+        if live.lost:
+            result.sessions_lost_cache += 1
+        if now > result.end_time:
+            result.end_time = now
+        if self._progress is not None and result.sessions % self._progress_every == 0:
+            self._progress(result.sessions, self._expected)
+        if worker is not None and worker.draining is not None:
+            self._drain_step(worker, now)
+
+    def _bind(self, live: Live, worker: Worker) -> None:
+        if live.worker is not None:
+            self._unbind(live)
+        worker.bound[live] = None
+        worker.pinned_tokens += live.prompt
+        live.worker = worker
+
+    def _unbind(self, live: Live) -> None:
+        worker = live.worker
+        if worker is not None:
+            del worker.bound[live]
+            worker.pinned_tokens -= live.prompt
+            live.worker = None
+
+    def _refresh_up(self) -> None:
+        self.up_workers = [w for w in self.workers if w.up]
+        self.generation += 1
+
+    def _take_down(self, worker: Worker) -> None:
+        """Remove the worker's pod, its cache with it, and unbind its sessions."""
+        worker.up = False
+        worker.accepting = False
+        worker.cache.clear()
+        for live in list(worker.bound):
+            self._unbind(live)
+        self._refresh_up()
+
+    def _come_back(self, worker: Worker, now: float, new_epoch: bool = True) -> None:
+        """Start serving from a new pod of the worker, with an empty cache."""
+        worker.up = True
+        worker.accepting = True
+        worker.recovering = False
+        worker.draining = None
+        if new_epoch:
+            worker.epoch += 1
+        worker.cache.clear()
+        worker.free_at = now
+        worker.inflight.clear()
+        worker.inflight_tokens = 0
+        self._refresh_up()
+
+    # --- drains ---------------------------------------------------------------------
+
+    def _start_drain(self, drain: Drain, now: float) -> None:
+        worker = self.workers[drain.worker]
+        if not worker.up or worker.draining is not None:
+            return
+        record = DrainRecord(worker.name, now, pinned_at_start=len(worker.bound))
+        self.result.drains.append(record)
+        restart = self.config.restart_seconds
+        if not self.strategy.operator:
+            # Nothing holds the pod: it is evicted at once. Turns in flight finish
+            # within the termination grace period; the cache goes with the pod.
+            record.evicted = len(worker.bound)
+            last_end = max([now, *(end for end, _ in worker.inflight)])
+            record.finished = min(last_end, now + self.config.termination_grace_seconds)
+            self._take_down(worker)
+            self._schedule(record.finished + restart, partial(self._come_back, worker))
+            return
+        worker.accepting = False
+        worker.draining = record
+        self._drain_step(worker, now)
+
+    def _drain_step(self, worker: Worker, now: float) -> None:
+        """Ask the drain policy what to do now, and do it."""
+        record = worker.draining
+        assert isinstance(record, DrainRecord)
+        policy = self.settings.drain_policy
+        bound = list(worker.bound)
+        pinned = [PinnedSession(s.session.session_id, s.busy_until > now) for s in bound]
+        decision = decide_drain(policy, _at(record.started), _at(now), pinned)
+        if decision.migrate:
+            by_id = {s.session.session_id: s for s in bound}
+            for session_id in decision.migrate:
+                self._migrate(by_id[session_id], worker, now, record)
+            if not worker.bound:
+                decision = decide_drain(policy, _at(record.started), _at(now), [])
+        if decision.done or decision.released:
+            record.released = len(worker.bound) if decision.released else 0
+            record.finished = now
+            worker.draining = None
+            self._take_down(worker)
+            self._schedule(now + self.config.restart_seconds, partial(self._come_back, worker))
+        elif decision.recheck_after is not None:
+            self._schedule(now + decision.recheck_after, partial(self._drain_check, worker, record))
+
+    def _drain_check(self, worker: Worker, record: DrainRecord, now: float) -> None:
+        if worker.draining is record:
+            self._drain_step(worker, now)
+
+    def _migrate(self, live: Live, source: Worker, now: float, record: DrainRecord) -> None:
+        """Move a session at a turn boundary, with its KV when checkpoints are on."""
+        strategy = self.strategy
+        assert isinstance(strategy, Operator)
+        target = strategy.place(self, live, now, frozenset({source.name}), live.prompt)
+        if target is None:
+            return  # nowhere to go yet: the next drain step tries again
+        if self.settings.migrate_with_checkpoint:
+            tokens = source.cache.cached_tokens(live.key, live.group, live.shared)
+            if tokens:
+                target.cache.store(live.key, live.group, live.shared, tokens)
+                transfer = self.config.cost.transfer_seconds(tokens)
+                live.hold_until = max(live.hold_until, now + transfer)
+            record.migrated_with_checkpoint += 1
+        else:
+            record.migrated_without_checkpoint += 1
+        self._bind(live, target)
+
+    # --- failures and recovery ------------------------------------------------------
+
+    def _fail(self, failure: Failure, now: float) -> None:
+        worker = self.workers[failure.worker]
+        if not worker.up:
+            return
+        record = FailureRecord(worker.name, now, sessions=len(worker.bound))
+        self.result.failures.append(record)
+        if isinstance(worker.draining, DrainRecord):
+            worker.draining.finished = now  # the failure ended the drain
+            worker.draining = None
+        checkpoint = worker.checkpoint
+        worker.checkpoint = None
+        worker.up = False
+        worker.accepting = False
+        worker.cache.clear()
+        self._refresh_up()
+        if not self.strategy.operator:
+            # The router notices at once and sends the sessions elsewhere; a new pod
+            # comes up with an empty cache.
+            for live in list(worker.bound):
+                self._unbind(live)
+            record.detected = now
+            record.ready = now + self.config.restart_seconds
+            self._schedule(record.ready, partial(self._come_back, worker))
+            return
+        delay = self.settings.node_not_ready_toleration if failure.node else 0.0
+        self._schedule(
+            now + delay, partial(self._recover, worker, record, failure.node, checkpoint)
+        )
+
+    def _recover(
+        self,
+        worker: Worker,
+        record: FailureRecord,
+        node_lost: bool,
+        checkpoint: tuple[float, OrderedDict[int, int]] | None,
+        now: float,
+    ) -> None:
+        """Notice the loss as the operator does: a new epoch, restored from a checkpoint."""
+        pod = PodState(
+            name=pod_name(worker.name, worker.epoch),
+            epoch=worker.epoch,
+            phase="Running" if node_lost else "Failed",
+            scheduled=True,
+            ready=node_lost,
+            node=f"node-{worker.index}",
+            terminated=not node_lost,
+        )
+        node = NodeState(
+            name=f"node-{worker.index}",
+            ready=not node_lost,
+            not_ready_since=_at(record.failed) if node_lost else None,
+        )
+        toleration = timedelta(seconds=self.settings.node_not_ready_toleration)
+        if recovery_reason(pod, True, node, _at(now), toleration) is None:
+            # Not yet beyond the toleration: look again shortly.
+            self._schedule(now + 1.0, partial(self._recover, worker, record, node_lost, checkpoint))
+            return
+        worker.recovering = True
+        worker.epoch += 1
+        saved = checkpoint[1] if checkpoint is not None and self.settings.can_checkpoint else None
+        restored = sum(saved.values()) if saved else 0
+        ready = now + self.config.restart_seconds
+        if saved:
+            ready += self.config.cost.transfer_seconds(restored)
+        record.detected = now
+        record.ready = ready
+        record.restored_tokens = restored
+        brief = WorkerBrief(worker.name, WorkerPhase.RECOVERING, worker.epoch, None)
+        for live in list(worker.bound):
+            session_id = live.session.session_id
+            state = SessionState(
+                namespace="sim",
+                name=session_id,
+                session_id=session_id,
+                model=self.config.model,
+                phase=SessionPhase.BOUND,
+                worker=worker.name,
+                epoch=worker.epoch - 1,
+                last_activity=_at(live.busy_until),
+            )
+            decision = decide_session(state, brief, _at(now))
+            if decision.phase is SessionPhase.RESTORING:
+                live.hold_until = max(live.hold_until, ready)
+            elif decision.phase is not SessionPhase.BOUND and decision.phase is not None:
+                self._unbind(live)
+        self._schedule(ready, partial(self._recovered, worker, saved))
+
+    def _recovered(self, worker: Worker, saved: OrderedDict[int, int] | None, now: float) -> None:
+        # The epoch was advanced when the recovery started.
+        self._come_back(worker, now, new_epoch=False)
+        if saved:
+            worker.cache.restore(saved)
+
+    def _periodic_checkpoint(self, now: float) -> None:
+        """Every worker saves its cache (spec.checkpoint.interval)."""
+        result = self.result
+        bytes_per_token = self.config.cost.kv_bytes_per_token
+        for worker in self.workers:
+            if worker.up and not worker.recovering:
+                worker.checkpoint = (now, worker.cache.snapshot())
+                result.checkpoints += 1
+                result.checkpoint_bytes += worker.cache.used * bytes_per_token
+        interval = self.settings.checkpoint_interval
+        if interval and (self._active or self._lookahead is not None):
+            self._schedule(now + interval, self._periodic_checkpoint)
+
+
+def make_strategy(name: str, operator: OperatorSettings | None = None) -> Strategy:
+    """Return a fresh strategy by name (see ``STRATEGIES``)."""
+    try:
+        cls = STRATEGIES[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown strategy {name!r}; choose from {', '.join(STRATEGIES)}"
+        ) from None
+    if cls is Operator:
+        return Operator((operator or OperatorSettings()).label())
+    return cls()
+
+
+def simulate(
+    sessions: Iterable[Session],
+    strategy: str | Strategy,
+    fleet: FleetConfig | None = None,
+    operator: OperatorSettings | None = None,
+    disruptions: Sequence[Disruption] = (),
+    **options: object,
+) -> SimResult:
+    """Run one strategy over a workload and return what it measured.
+
+    ``options`` are passed to :class:`Simulation` (``expected_sessions``,
+    ``progress``, ``bin_seconds``).
+    """
+    chosen = make_strategy(strategy, operator) if isinstance(strategy, str) else strategy
+    return Simulation(sessions, chosen, fleet, operator, disruptions, **options).run()  # type: ignore[arg-type]
