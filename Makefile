@@ -1,6 +1,7 @@
 # sessionfleet — every build, check and test step lives here.
 #
 #   make test        lint, type-check, layer contracts, CRD drift check, unit and e2e tests
+#                    (e2e builds the real control plane from Go modules on first use)
 #   make crds        regenerate crds/ from the API models
 #   make crds-check  fail when the committed CRDs drift from the models
 
@@ -60,7 +61,7 @@ crds-check: $(STAMP)
 unit: $(STAMP)
 	$(VENV)/bin/pytest -q tests
 
-test: lint typecheck layers crds-check unit
+test: lint typecheck layers crds-check unit test-e2e
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,143 @@
+#!/usr/bin/env bash
+# Builds the pinned tools of the e2e control plane with `go build` and caches them
+# outside the repository, reusing every binary whose version stamp still matches.
+#
+#   kube-apiserver, kube-controller-manager, kube-scheduler, kubectl  k8s.io/kubernetes v1.36.3
+#   etcd                                                               go.etcd.io/etcd/server/v3 (as pinned by Kubernetes)
+#   kwok (+ its shipped Stage YAMLs)                                   sigs.k8s.io/kwok v0.8.0
+#   helm                                                               helm.sh/helm/v3 v3.22.0
+#
+# The versions live in the committed go.mod/go.sum files under e2e/tools/; this script
+# only decides what to (re)build. Output directory (printed at the end):
+#   ${SESSIONFLEET_E2E_TOOLS:-${XDG_CACHE_HOME:-~/.cache}/sessionfleet/k8s-v1.36.3}/bin
+#   .../kwok-stages/{node,pod}/...
+#
+# Usage: e2e/build-tools.sh [--print-dir]
+set -euo pipefail
+
+K8S_VERSION="v1.36.3"
+repo_e2e="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+tools_src="${repo_e2e}/tools"
+cache_root="${SESSIONFLEET_E2E_TOOLS:-${XDG_CACHE_HOME:-${HOME}/.cache}/sessionfleet/k8s-${K8S_VERSION}}"
+bin_dir="${cache_root}/bin"
+stage_dir="${cache_root}/kwok-stages"
+
+if [[ "${1:-}" == "--print-dir" ]]; then
+  echo "$cache_root"
+  exit 0
+fi
+
+if ! command -v go >/dev/null 2>&1; then
+  echo "build-tools: 'go' is not on PATH; Go >= 1.26 is needed to build the e2e tools" >&2
+  exit 1
+fi
+
+# Reproducible, VCS-independent builds from the committed module files; -s -w drops
+# debug info, which makes the binaries ~30% smaller and the link step faster.
+export GOFLAGS="${GOFLAGS:+${GOFLAGS} }-buildvcs=false"
+export CGO_ENABLED=0
+mkdir -p "$bin_dir" "$stage_dir"
+
+go_version="$(go env GOVERSION)"
+started_all=$SECONDS
+built=0
+reused=0
+
+# Kubernetes binaries report their version from ldflags, as the upstream release
+# scripts (hack/lib/version.sh) set them; without this `kubectl version` shows
+# v0.0.0-master and Helm's kubeVersion checks in charts fail.
+k8s_minor="${K8S_VERSION#v1.}"
+k8s_minor="${k8s_minor%%.*}"
+k8s_ldflags="-s -w"
+for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+  k8s_ldflags+=" -X ${pkg}.gitVersion=${K8S_VERSION} -X ${pkg}.gitMajor=1 -X ${pkg}.gitMinor=${k8s_minor}"
+  k8s_ldflags+=" -X ${pkg}.gitTreeState=clean -X ${pkg}.buildDate=1970-01-01T00:00:00Z"
+done
+
+# stamp_for MODULE_DIR LDFLAGS PACKAGE -> a line identifying exactly what would be built.
+stamp_for() {
+  local module_dir="$1" ldflags="$2" package="$3" sums
+  sums="$(cat "${module_dir}/go.mod" "${module_dir}/go.sum" | sha256sum | cut -c1-16)"
+  echo "${package} ${go_version} mod:${sums} ldflags:$(echo "$ldflags" | sha256sum | cut -c1-16)"
+}
+
+# build_one NAME MODULE_DIR PACKAGE LDFLAGS: builds PACKAGE into bin/NAME unless the
+# stamp next to it says the same inputs were already built.
+build_one() {
+  local name="$1" module_dir="$2" package="$3" ldflags="$4"
+  local stamp_file="${bin_dir}/.${name}.stamp" stamp tmp pid started next_report
+  stamp="$(stamp_for "$module_dir" "$ldflags" "$package")"
+  if [[ -x "${bin_dir}/${name}" && -f "$stamp_file" && "$(cat "$stamp_file")" == "$stamp" ]]; then
+    echo "e2e-tools: ${name}: cached"
+    reused=$((reused + 1))
+    return 0
+  fi
+  echo "e2e-tools: ${name}: building ${package} ..."
+  started=$SECONDS
+  tmp="${bin_dir}/.${name}.tmp.$$"
+  # Build in the background only to print a heartbeat: the cold kube-apiserver build
+  # runs for minutes without output otherwise.
+  (cd "$module_dir" && exec go build -trimpath -ldflags "$ldflags" -o "$tmp" "$package") &
+  pid=$!
+  trap 'kill "$pid" 2>/dev/null; rm -f "$tmp"; exit 130' INT TERM
+  next_report=$((started + 30))
+  while kill -0 "$pid" 2>/dev/null; do
+    sleep 1
+    if ((SECONDS >= next_report)) && kill -0 "$pid" 2>/dev/null; then
+      echo "e2e-tools: ${name}: still building ($((SECONDS - started)) s)"
+      next_report=$((next_report + 30))
+    fi
+  done
+  if ! wait "$pid"; then
+    rm -f "$tmp"
+    echo "e2e-tools: ${name}: go build ${package} failed (in ${module_dir})" >&2
+    exit 1
+  fi
+  trap - INT TERM
+  mv -f "$tmp" "${bin_dir}/${name}"
+  echo "$stamp" >"$stamp_file"
+  echo "e2e-tools: ${name}: built in $((SECONDS - started)) s"
+  built=$((built + 1))
+}
+
+# copy_kwok_stages: KWOK v0.8.0 exits with "no stages found" unless it is given Stage
+# objects; they ship in its module (kustomize/stage/), so they are copied from the Go
+# module cache at build time instead of being committed here.
+copy_kwok_stages() {
+  local kwok_dir stamp stamp_file="${stage_dir}/.stamp"
+  stamp="$(stamp_for "${tools_src}/kwok" "" kustomize/stage)"
+  if [[ -f "$stamp_file" && "$(cat "$stamp_file")" == "$stamp" ]]; then
+    echo "e2e-tools: kwok stages: cached"
+    return 0
+  fi
+  rm -rf "$stage_dir"
+  kwok_dir="$(cd "${tools_src}/kwok" && go list -m -f '{{.Dir}}' sigs.k8s.io/kwok)"
+  if [[ -z "$kwok_dir" || ! -d "${kwok_dir}/kustomize/stage" ]]; then
+    echo "e2e-tools: kwok stages: sigs.k8s.io/kwok is not in the module cache" >&2
+    exit 1
+  fi
+  (
+    cd "${kwok_dir}/kustomize/stage"
+    find node pod -name '*.yaml' -not -path '*/testdata/*' -not -name 'kustomization.yaml' \
+      | while read -r file; do
+          mkdir -p "${stage_dir}/$(dirname "$file")"
+          install -m 0644 "$file" "${stage_dir}/${file}"
+        done
+  )
+  echo "$stamp" >"$stamp_file"
+  echo "e2e-tools: kwok stages: copied to ${stage_dir}"
+}
+
+echo "e2e-tools: ${go_version}, cache ${cache_root}"
+echo "e2e-tools: a cold build takes about 12-15 minutes on 2 cores; later runs reuse the cache"
+k8s_mod="${tools_src}/k8s"
+build_one kube-apiserver "$k8s_mod" k8s.io/kubernetes/cmd/kube-apiserver "$k8s_ldflags"
+build_one kube-controller-manager "$k8s_mod" k8s.io/kubernetes/cmd/kube-controller-manager "$k8s_ldflags"
+build_one kube-scheduler "$k8s_mod" k8s.io/kubernetes/cmd/kube-scheduler "$k8s_ldflags"
+build_one kubectl "$k8s_mod" k8s.io/kubernetes/cmd/kubectl "$k8s_ldflags"
+build_one etcd "$k8s_mod" go.etcd.io/etcd/server/v3 "-s -w"
+build_one kwok "${tools_src}/kwok" sigs.k8s.io/kwok/cmd/kwok "-s -w"
+build_one helm "${tools_src}/helm" helm.sh/helm/v3/cmd/helm "-s -w"
+copy_kwok_stages
+
+echo "e2e-tools: done in $((SECONDS - started_all)) s (${built} built, ${reused} cached): ${bin_dir}"

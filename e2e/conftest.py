@@ -1,0 +1,103 @@
+"""Fixtures of the e2e suite: one real control plane per run, a namespace per test.
+
+The cluster comes from ``SESSIONFLEET_E2E_KUBECONFIG`` when it is set (``make
+test-e2e`` starts one cluster for all pytest-xdist workers), otherwise each pytest
+process starts its own and stops it at the end of the session.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from e2e.helpers import Kubectl, wait_until
+from e2e.localcluster import ENV_KUBECONFIG, LocalCluster, ToolsMissingError, find_tools
+
+
+@pytest.fixture(scope="session")
+def cluster(request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
+    """The control plane: reused from ``SESSIONFLEET_E2E_KUBECONFIG`` or started here."""
+    shared = os.environ.get(ENV_KUBECONFIG)
+    if shared:
+        yield LocalCluster.attach(Path(shared))
+        return
+    try:
+        find_tools()
+    except ToolsMissingError as error:
+        pytest.fail(str(error), pytrace=False)
+    started = LocalCluster.start()
+    try:
+        yield started
+    finally:
+        failed = request.session.testsfailed > 0
+        # Keep the logs of a failing run; they are what explains it.
+        started.stop(remove_state=False if failed else None)
+        if failed:
+            print(f"\ne2e cluster logs kept in {started.layout.logs}", file=sys.stderr)
+
+
+@pytest.fixture(scope="session")
+def api(cluster: LocalCluster) -> Iterator[Any]:
+    """A ``kubernetes.client.ApiClient`` with the admin credential."""
+    api_client = cluster.api_client()
+    yield api_client
+    api_client.close()
+
+
+@pytest.fixture(scope="session")
+def core(api: Any) -> Any:
+    """``CoreV1Api``."""
+    return client.CoreV1Api(api)
+
+
+@pytest.fixture(scope="session")
+def custom(api: Any) -> Any:
+    """``CustomObjectsApi``."""
+    return client.CustomObjectsApi(api)
+
+
+@pytest.fixture(scope="session")
+def kubectl(cluster: LocalCluster) -> Kubectl:
+    """Run the pinned kubectl against the cluster: ``kubectl("get", "pods", check=False)``."""
+    return cluster.kubectl
+
+
+def _namespace_name(test_name: str) -> str:
+    """A valid, unique namespace name derived from the test's name."""
+    base = re.sub(r"[^a-z0-9-]+", "-", test_name.lower()).strip("-")[:40].strip("-")
+    return f"e2e-{base}-{secrets.token_hex(3)}"
+
+
+@pytest.fixture
+def namespace(core: Any, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh namespace for one test, ready for pods; deleted afterwards."""
+    name = _namespace_name(request.node.name)
+    core.create_namespace({"metadata": {"name": name, "labels": {"e2e.sessionfleet.dev": "true"}}})
+
+    # The ServiceAccount admission plugin rejects pods until the service-account
+    # controller has created `default` in the namespace (a few seconds).
+    def default_service_account() -> bool:
+        try:
+            core.read_namespaced_service_account("default", name)
+        except ApiException as error:
+            if error.status == 404:
+                return False
+            raise
+        return True
+
+    wait_until(default_service_account, timeout=30, what=f"ServiceAccount {name}/default")
+    yield name
+    try:
+        core.delete_namespace(name)
+    except ApiException as error:
+        if error.status != 404:
+            raise

@@ -1,0 +1,43 @@
+# e2e/e2e.mk: the real control plane for the e2e suite (see e2e/README.md).
+# Included by the top-level Makefile, which defines VENV, PY and the `venv` target.
+#
+#   make e2e-tools     build etcd, kube-apiserver, -controller-manager, -scheduler,
+#                      kubectl, KWOK and helm into ~/.cache/sessionfleet (cached)
+#   make cluster-up    start a cluster that stays up; prints `export KUBECONFIG=...`
+#   make cluster-down  stop it (logs stay in .e2e-state/logs)
+#   make test-e2e      run e2e/ against one fresh cluster shared by the xdist workers,
+#                      or against $SESSIONFLEET_E2E_KUBECONFIG when that is set
+
+# The cluster CLI is run by path, not with -m: see e2e/localcluster/__main__.py.
+E2E_CLUSTER := $(PY) e2e/localcluster
+E2E_STATE_DIR ?= .e2e-state
+E2E_PYTEST_ARGS ?= -n 2
+# A backstop per test; the test modules set tighter bounds with pytest-timeout marks.
+E2E_TIMEOUT ?= 300
+
+.PHONY: e2e-tools cluster-up cluster-down cluster-status test-e2e
+
+e2e-tools:
+	@bash e2e/build-tools.sh
+
+cluster-up: e2e-tools venv
+	@$(E2E_CLUSTER) up --state-dir $(E2E_STATE_DIR)
+
+cluster-down: venv
+	@$(E2E_CLUSTER) down --state-dir $(E2E_STATE_DIR)
+	@echo "unset KUBECONFIG SESSIONFLEET_E2E_KUBECONFIG"
+
+cluster-status: venv
+	@$(E2E_CLUSTER) status --state-dir $(E2E_STATE_DIR)
+
+# `localcluster run` starts one cluster, runs pytest with SESSIONFLEET_E2E_KUBECONFIG
+# pointing at it (so every xdist worker shares it) and stops the cluster however
+# pytest ends: exit, failure, Ctrl-C or SIGTERM.
+test-e2e: e2e-tools venv
+	@if [ -n "$$SESSIONFLEET_E2E_KUBECONFIG" ]; then \
+		echo "==> e2e against the running cluster $$SESSIONFLEET_E2E_KUBECONFIG"; \
+		$(VENV)/bin/pytest e2e $(E2E_PYTEST_ARGS) --timeout=$(E2E_TIMEOUT); \
+	else \
+		echo "==> e2e against a fresh local cluster"; \
+		$(E2E_CLUSTER) run -- $(VENV)/bin/pytest e2e $(E2E_PYTEST_ARGS) --timeout=$(E2E_TIMEOUT); \
+	fi

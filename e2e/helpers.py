@@ -1,0 +1,102 @@
+"""Small helpers shared by the e2e tests: bounded waits and manifests."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from e2e.localcluster import BACKED_LABEL, GPU_RESOURCE, gpu_pod_tolerations
+
+T = TypeVar("T")
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+#: Where the CRDs and example manifests are read from. Setting it tests another
+#: directory holding crds/ and examples/ (a scratch API while developing the suite).
+API_ROOT = Path(os.environ.get("SESSIONFLEET_E2E_API_ROOT", REPO_ROOT))
+CRDS_DIR = API_ROOT / "crds"
+EXAMPLES_DIR = API_ROOT / "examples"
+
+#: ``LocalCluster.kubectl``: ``kubectl("get", "pods", check=False, input=None)``.
+Kubectl = Callable[..., subprocess.CompletedProcess[str]]
+
+
+def wait_until(
+    check: Callable[[], T | None], *, timeout: float, what: str, interval: float = 0.1
+) -> T:
+    """Poll ``check`` until it returns something truthy, and return that.
+
+    Raises:
+        AssertionError: after ``timeout`` seconds, naming ``what`` and the last value
+            or exception seen, so a failing test says what it waited for.
+    """
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while True:
+        try:
+            result = check()
+        except Exception as error:  # reported if the wait times out
+            last = error
+        else:
+            if result:
+                return result
+            last = result
+        if time.monotonic() >= deadline:
+            raise AssertionError(
+                f"timed out after {timeout:.0f} s waiting for {what}; last: {last!r}"
+            )
+        time.sleep(interval)
+
+
+def load_documents(path: Path) -> list[dict[str, Any]]:
+    """All non-empty YAML documents of a file."""
+    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
+
+
+def gpu_pod(
+    name: str,
+    *,
+    gpus: int = 1,
+    command: list[str] | None = None,
+    args: list[str] | None = None,
+    backed: bool = False,
+    labels: dict[str, str] | None = None,
+    extra_container: dict[str, Any] | None = None,
+    extra_spec: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A pod for a fake GPU node; ``backed`` adds the pod backer's opt-in label.
+
+    ``POD_IP`` is always in the environment (downward API), the way the worker pod
+    builder passes ``--host=$(POD_IP)`` to the engine.
+    """
+    container: dict[str, Any] = {
+        "name": "main",
+        "image": "registry.invalid/e2e:never-pulled",
+        "env": [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
+        "resources": {"limits": {GPU_RESOURCE: str(gpus)}} if gpus else {},
+    }
+    if command:
+        container["command"] = command
+    if args:
+        container["args"] = args
+    container.update(extra_container or {})
+    all_labels = {"app": name, **(labels or {})}
+    if backed:
+        all_labels[BACKED_LABEL] = "true"
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": all_labels},
+        "spec": {
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 5,
+            "tolerations": gpu_pod_tolerations(),
+            "containers": [container],
+            **(extra_spec or {}),
+        },
+    }

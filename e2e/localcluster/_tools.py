@@ -1,0 +1,91 @@
+"""Where the e2e tool binaries live and a check that they are all there.
+
+The binaries are built by ``e2e/build-tools.sh`` (``make e2e-tools``) into a cache
+outside the repository; this module computes the same location so that the harness
+and the build script agree without passing paths around.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+K8S_VERSION = "v1.36.3"
+
+#: Every binary the harness or the tests run; ``build-tools.sh`` builds exactly these.
+BINARIES = (
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kubectl",
+    "kwok",
+    "helm",
+)
+
+
+class ToolsMissingError(RuntimeError):
+    """A tool binary or the KWOK stage files are missing from the tools cache."""
+
+
+def tools_root() -> Path:
+    """Return the tools cache directory, honouring ``SESSIONFLEET_E2E_TOOLS``.
+
+    Mirrors the default of ``e2e/build-tools.sh``:
+    ``${XDG_CACHE_HOME:-~/.cache}/sessionfleet/k8s-v1.36.3``.
+    """
+    override = os.environ.get("SESSIONFLEET_E2E_TOOLS")
+    if override:
+        return Path(override).expanduser()
+    cache_home = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache_home) / "sessionfleet" / f"k8s-{K8S_VERSION}"
+
+
+@dataclass(frozen=True)
+class Tools:
+    """Paths of the built tools: binaries under ``bin/`` and KWOK's Stage YAMLs."""
+
+    root: Path
+
+    @property
+    def bin_dir(self) -> Path:
+        """Directory holding the binaries."""
+        return self.root / "bin"
+
+    @property
+    def stages_dir(self) -> Path:
+        """Directory holding KWOK's shipped Stage YAMLs (``node/...``, ``pod/...``)."""
+        return self.root / "kwok-stages"
+
+    def binary(self, name: str) -> Path:
+        """Return the path of one binary (see ``BINARIES``)."""
+        return self.bin_dir / name
+
+    @property
+    def kubectl(self) -> Path:
+        """The kubectl built from the same Kubernetes release as the API server."""
+        return self.binary("kubectl")
+
+    @property
+    def helm(self) -> Path:
+        """The pinned helm."""
+        return self.binary("helm")
+
+
+def find_tools() -> Tools:
+    """Locate the tools cache and check that every binary and the stages exist.
+
+    Raises:
+        ToolsMissingError: naming what is missing and the command that builds it.
+    """
+    tools = Tools(tools_root())
+    missing = [name for name in BINARIES if not os.access(tools.binary(name), os.X_OK)]
+    if not (tools.stages_dir / "pod").is_dir():
+        missing.append("kwok-stages")
+    if missing:
+        raise ToolsMissingError(
+            f"e2e tools missing from {tools.root}: {', '.join(missing)}; "
+            "build them with `make e2e-tools` (a cold build takes about 12 minutes)"
+        )
+    return tools

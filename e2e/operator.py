@@ -1,0 +1,179 @@
+"""The operator as a real process against the e2e cluster, and worker manifests for it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from e2e.localcluster import BACKED_LABEL, gpu_pod_tolerations
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SESSIONFLEET = Path(sys.executable).parent / "sessionfleet"
+GROUP, VERSION = "sessionfleet.dev", "v1alpha1"
+
+
+def free_port() -> int:
+    """A free TCP port on loopback."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class OperatorProcess:
+    """``sessionfleet operator`` serving one namespace, with its own metrics port."""
+
+    def __init__(self, kubeconfig: Path, namespace: str, log_dir: Path, *extra: str) -> None:
+        self.kubeconfig = kubeconfig
+        self.namespace = namespace
+        self.log_path = log_dir / f"operator-{namespace}.log"
+        self.metrics_port = free_port()
+        self.health_port = free_port()
+        self.extra = extra
+        self.process: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    def start(self) -> None:
+        """Start the process (appending to its log)."""
+        argv = [
+            str(SESSIONFLEET),
+            "operator",
+            f"--namespace={self.namespace}",
+            f"--kubeconfig={self.kubeconfig}",
+            f"--metrics-port={self.metrics_port}",
+            f"--health-port={self.health_port}",
+            "--resync=0.5",
+            "--scrape-interval=2",
+            "--node-not-ready-toleration=5s",
+            *self.extra,
+        ]
+        env = {**os.environ, "PYTHONSAFEPATH": "1"}
+        with self.log_path.open("ab") as log:  # the child keeps its own descriptor
+            log.write(f"--- start {self.starts}: {' '.join(argv)}\n".encode())
+            log.flush()
+            self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
+        self.starts += 1
+
+    def kill(self) -> None:
+        """Kill the process at once, as a crash or a node loss would."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait(timeout=10)
+
+    def stop(self) -> None:
+        """Stop the process gracefully, or kill it after 10 s."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+    def metrics(self) -> str:
+        """The operator's /metrics text."""
+        return httpx.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).text
+
+    def log_tail(self, lines: int = 40) -> str:
+        """The end of the operator's log, for failure messages."""
+        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        return "\n".join(text.splitlines()[-lines:])
+
+
+def sim_worker(name: str, model: str = "m", **spec: Any) -> dict[str, Any]:
+    """An InferenceWorker running the simulated engine behind a backed KWOK pod."""
+    template = spec.pop("template", {})
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "InferenceWorker",
+        "metadata": {"name": name, "labels": spec.pop("labels", {})},
+        "spec": {
+            "model": model,
+            "engine": {"type": "sim"},
+            "gpus": 1,
+            "template": {
+                "labels": {BACKED_LABEL: "true"},
+                "tolerations": gpu_pod_tolerations(),
+                **template,
+            },
+            **spec,
+        },
+    }
+
+
+def session(name: str, model: str = "m", **spec: Any) -> dict[str, Any]:
+    """An AgentSession as a router would create it."""
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "AgentSession",
+        "metadata": {"name": name},
+        "spec": {"sessionId": f"id-{name}", "model": model, **spec},
+    }
+
+
+def drain_policy(name: str, **spec: Any) -> dict[str, Any]:
+    """A DrainPolicy."""
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "DrainPolicy",
+        "metadata": {"name": name},
+        "spec": spec,
+    }
+
+
+class Custom:
+    """Short calls on the custom resources of one namespace."""
+
+    def __init__(self, api: Any, namespace: str) -> None:
+        self.api = api
+        self.namespace = namespace
+
+    def create(self, body: dict[str, Any]) -> dict[str, Any]:
+        plural = body["kind"].lower() + ("s" if body["kind"] != "DrainPolicy" else "")
+        if body["kind"] == "DrainPolicy":
+            plural = "drainpolicies"
+        return self.api.create_namespaced_custom_object(  # type: ignore[no-any-return]
+            GROUP, VERSION, self.namespace, plural, body
+        )
+
+    def get(self, plural: str, name: str) -> dict[str, Any]:
+        return self.api.get_namespaced_custom_object(  # type: ignore[no-any-return]
+            GROUP, VERSION, self.namespace, plural, name
+        )
+
+    def list(self, plural: str) -> list[dict[str, Any]]:
+        return list(
+            self.api.list_namespaced_custom_object(GROUP, VERSION, self.namespace, plural)["items"]
+        )
+
+    def patch(self, plural: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        return self.api.patch_namespaced_custom_object(  # type: ignore[no-any-return]
+            GROUP, VERSION, self.namespace, plural, name, body
+        )
+
+    def status(self, plural: str, name: str) -> dict[str, Any]:
+        return dict(self.get(plural, name).get("status") or {})
+
+    def phases(self, plural: str) -> dict[str, str | None]:
+        return {
+            o["metadata"]["name"]: (o.get("status") or {}).get("phase") for o in self.list(plural)
+        }
+
+    def all_in_phase(self, plural: str, phase: str, count: int) -> Callable[[], bool]:
+        def check() -> bool:
+            phases = self.phases(plural)
+            return len(phases) == count and all(p == phase for p in phases.values())
+
+        return check
+
+
+def condition(status: dict[str, Any], kind: str) -> dict[str, Any]:
+    """One condition of a status, or an empty dict."""
+    return next((c for c in status.get("conditions") or [] if c.get("type") == kind), {})
