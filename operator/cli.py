@@ -14,6 +14,7 @@ from pathlib import Path
 from sessionfleet._version import __version__
 from sessionfleet.api.crd import render_crds
 from sessionfleet.controllers import run as operator_cli
+from sessionfleet.engines.sim import cli as sim_engine_cli
 from sessionfleet.fleetsim import cli as fleetsim_cli
 
 
@@ -83,6 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     crds.set_defaults(func=_cmd_crds)
 
+    sim_engine_cli.add_parser(commands)
     operator_cli.add_parser(commands)
     fleetsim_cli.add_parser(commands)
     return parser

@@ -1,0 +1,17 @@
+"""Inference engines: facts about vLLM's interfaces and the simulated engine.
+
+:mod:`sessionfleet.engines.vllm` holds what every component needs to know about the
+production engine (metric names, the shape of ``usage``), so the router, the operator's
+scrapers and the simulated engine agree on one definition.
+:mod:`sessionfleet.engines.sim` is the simulated vLLM-compatible engine
+(``sessionfleet sim-engine``) used by tests, benchmarks and sandboxes.
+"""
+
+FORWARDED_SESSION_HEADER = "X-Sessionfleet-Session-Id"
+"""The header the router adds to every turn it forwards: the session id it recognised.
+
+Whatever convention the client used (Claude Code, Codex, OpenCode or the configured
+header), the engine sees the session under this one name. vLLM ignores it; the
+simulated engine uses it to know which blocks belong to which session (per-session
+cache export).
+"""
