@@ -93,6 +93,8 @@ def desired_status(
         "runningRequests": stats.running,
         "waitingRequests": stats.waiting,
         "drainStartedAt": iso(plan.drain_started_at),
+        "consecutiveFailures": plan.consecutive_failures or None,
+        "lastRecoveryAt": iso(plan.last_recovery_at),
         "conditions": merge_conditions(
             record.raw_status.get("conditions") or [],
             conditions,

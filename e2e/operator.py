@@ -21,9 +21,9 @@ GROUP, VERSION = "sessionfleet.dev", "v1alpha1"
 
 
 def free_port() -> int:
-    """A free TCP port on loopback."""
+    """A free TCP port on every address (kopf's health endpoint binds 0.0.0.0)."""
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind(("", 0))
         return int(sock.getsockname()[1])
 
 

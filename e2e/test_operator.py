@@ -166,8 +166,14 @@ def test_workers_become_ready_and_sessions_bind_balanced(
 
     # Pinned sessions put up the holds: a PDB per worker, annotations on the pod.
     policy = client.PolicyV1Api(core.api_client)
-    pdbs = {p.metadata.name for p in policy.list_namespaced_pod_disruption_budget(namespace).items}
-    assert pdbs == {"wa", "wb", "wc"}
+    wait_until(
+        lambda: (
+            {p.metadata.name for p in policy.list_namespaced_pod_disruption_budget(namespace).items}
+            == {"wa", "wb", "wc"}
+        ),
+        timeout=15,
+        what="a PodDisruptionBudget per worker",
+    )
     wait_for(
         operator,
         lambda: (
@@ -262,7 +268,7 @@ def test_wait_then_migrate_rebinds_at_the_grace_period(
     crs.create(on_own_nodes(sim_worker("dst"), namespace, own_nodes[1]))
     ready_workers(crs, 2, operator)
     for i in range(4):
-        crs.create(session(f"s{i}", workerHint="src"))
+        crs.create(session(f"s{i}", workerPin="src"))
     wait_until(crs.all_in_phase("agentsessions", "Bound", 4), timeout=30, what="bound sessions")
     assert set(bound_to(crs).values()) == {"src"}
 
@@ -379,7 +385,7 @@ def test_operator_restart_mid_drain_loses_nothing(
     crs.create(on_own_nodes(sim_worker("dst"), namespace, own_nodes[1]))
     ready_workers(crs, 2, operator)
     for i in range(4):
-        crs.create(session(f"s{i}", workerHint="src"))
+        crs.create(session(f"s{i}", workerPin="src"))
     wait_until(crs.all_in_phase("agentsessions", "Bound", 4), timeout=30, what="bound sessions")
 
     kubectl("cordon", own_nodes[0])

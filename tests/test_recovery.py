@@ -8,7 +8,7 @@ import pytest
 
 from sessionfleet.api import Reason, WorkerPhase
 from sessionfleet.policy.observed import NodeState, PodState, node_state, pod_state
-from sessionfleet.policy.recovery import pod_phase, recovery_reason
+from sessionfleet.policy.recovery import pod_phase, recovery_backoff, recovery_reason
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 RUNNING = PodState("w-1", 1, "Running", scheduled=True, ready=True, node="n1", pod_ip="127.1.0.2")
@@ -88,3 +88,10 @@ def test_node_state_from_a_body() -> None:
     assert node.unschedulable and not node.ready
     assert node.taint_keys == {"karpenter.sh/disrupted"}
     assert node.not_ready_since == NOW - timedelta(minutes=1)
+
+
+@pytest.mark.parametrize(
+    ("failures", "seconds"), [(0, 0), (1, 10), (2, 20), (3, 40), (5, 160), (6, 300), (20, 300)]
+)
+def test_recovery_backoff_doubles_up_to_five_minutes(failures: int, seconds: int) -> None:
+    assert recovery_backoff(failures) == timedelta(seconds=seconds)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
+import pytest
+
 from sessionfleet.api import (
     ConditionType,
     HoldMechanism,
@@ -171,3 +173,33 @@ def test_policy_conflicts_show_as_a_condition() -> None:
     choice = PolicyChoice(None, DEFAULT_POLICY, Reason.POLICY_CONFLICT, "a, b select it")
     plan = observe({"epoch": 1, "pod": "w-1"}, [ready_pod()], policy=choice)
     assert condition(plan, ConditionType.CONFLICT) == ("True", Reason.POLICY_CONFLICT)
+
+
+def test_a_pod_failing_again_before_ready_backs_off() -> None:
+    failed = ready_pod(2, phase="Failed", ready=False, terminated=True)
+    status = {
+        "epoch": 2,
+        "pod": "w-2",
+        "phase": "Recovering",
+        "consecutiveFailures": 2,
+        "lastRecoveryAt": (NOW - timedelta(seconds=5)).isoformat(),
+    }
+    plan = observe(status, [failed])
+    assert (plan.epoch, plan.create_pod, plan.phase) == (2, False, WorkerPhase.RECOVERING)
+    assert condition(plan, ConditionType.RECOVERING) == ("True", Reason.RECOVERY_BACK_OFF)
+    assert plan.recheck_after == pytest.approx(15)  # 20 s for the second failure, 5 s gone
+    later = observe(
+        {**status, "lastRecoveryAt": (NOW - timedelta(seconds=21)).isoformat()}, [failed]
+    )
+    assert (later.epoch, later.create_pod, later.consecutive_failures) == (3, True, 3)
+    assert later.last_recovery_at == NOW
+
+
+def test_a_ready_pod_resets_the_failure_count() -> None:
+    plan = observe({"epoch": 3, "pod": "w-3", "consecutiveFailures": 2}, [ready_pod(3)])
+    assert plan.phase is WorkerPhase.READY and plan.consecutive_failures == 0
+
+
+def test_the_first_recovery_is_immediate() -> None:
+    plan = observe({"epoch": 1, "pod": "w-1", "phase": "Ready"}, [])
+    assert (plan.epoch, plan.consecutive_failures) == (2, 1)

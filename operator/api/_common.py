@@ -100,6 +100,10 @@ class Reason(DescribedEnum):
     POD_DELETED = "PodDeleted", "The worker's pod was deleted by someone other than the operator."
     NODE_NOT_READY = "NodeNotReady", "The worker's node has been NotReady beyond the toleration."
     NEW_EPOCH = "NewEpoch", "A new pod (epoch) replaces the previous one."
+    RECOVERY_BACK_OFF = (
+        "RecoveryBackOff",
+        "Pods keep failing before Ready; the next epoch waits, doubling each time.",
+    )
     NO_READY_WORKER = "NoReadyWorker", "No Ready worker serves the session's model."
     NO_CAPACITY = "NoCapacity", "Every worker serving the model is at capacity."
     PINNED_WORKER_UNAVAILABLE = (

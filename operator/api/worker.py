@@ -294,6 +294,14 @@ class InferenceWorkerStatus(ApiModel):
     last_checkpoint: str | None = Field(
         default=None, description="The newest Succeeded WorkerCheckpoint of this worker."
     )
+    consecutive_failures: int | None = Field(
+        default=None,
+        ge=0,
+        description="Epochs in a row whose pod failed before Ready; resets when one is Ready.",
+    )
+    last_recovery_at: datetime | None = Field(
+        default=None, description="When the operator last started a new epoch to recover."
+    )
     restore_count: int | None = Field(
         default=None, ge=0, description="How many times a new epoch restored a checkpoint."
     )

@@ -60,7 +60,10 @@ class KubeConfig:
         config.load_kube_config(  # type: ignore[no-untyped-call]
             config_file=path, context=context, client_configuration=settings, persist_config=False
         )
-        auth = (settings.api_key or {}).get("authorization", "")
+        # The kubernetes client keeps a kubeconfig's token under "BearerToken" (older
+        # releases used "authorization"); either way it may carry the "Bearer " prefix.
+        api_key = settings.api_key or {}
+        auth = str(api_key.get("BearerToken") or api_key.get("authorization") or "")
         return cls(
             server=str(settings.host).rstrip("/"),
             token=auth.removeprefix("Bearer ").strip() or None,

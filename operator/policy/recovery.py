@@ -14,6 +14,21 @@ from sessionfleet.api import Reason, WorkerPhase
 from sessionfleet.policy.observed import NodeState, PodState
 
 DEFAULT_NODE_NOT_READY_TOLERATION = timedelta(seconds=30)
+BACKOFF_BASE = timedelta(seconds=10)
+BACKOFF_MAX = timedelta(minutes=5)
+
+
+def recovery_backoff(consecutive_failures: int) -> timedelta:
+    """Return how long to wait before the next epoch after this many failures in a row.
+
+    Like a kubelet's CrashLoopBackOff: a worker whose engine dies at start (a bad image,
+    a model that does not fit) must not churn pods as fast as the API server allows.
+    The first replacement is immediate; then 10 s, 20 s, 40 s … up to 5 minutes.
+    """
+    if consecutive_failures <= 0:
+        return timedelta(0)
+    doubling: int = 2 ** min(consecutive_failures - 1, 16)
+    return min(BACKOFF_BASE * doubling, BACKOFF_MAX)
 
 
 def recovery_reason(

@@ -32,6 +32,7 @@ from sessionfleet.policy.observed import NodeState, PodState
 from sessionfleet.policy.recovery import (
     DEFAULT_NODE_NOT_READY_TOLERATION,
     pod_phase,
+    recovery_backoff,
     recovery_reason,
 )
 
@@ -81,6 +82,8 @@ class WorkerPlan:
     holds: frozenset[HoldMechanism]
     migrate: tuple[str, ...] = ()
     recovery: Reason | None = None
+    consecutive_failures: int = 0
+    last_recovery_at: datetime | None = None
     drain_done: bool = False
     conditions: tuple[ConditionPlan, ...] = field(default=())
     recheck_after: float | None = None
@@ -158,6 +161,41 @@ def plan_worker(obs: WorkerObservation) -> WorkerPlan:
         )
 
     recovery = recovery_reason(current, observed, obs.node, obs.now, obs.node_not_ready_toleration)
+    failures = obs.status.consecutive_failures or 0
+    last_recovery = obs.status.last_recovery_at
+    if recovery is not None and failures and last_recovery is not None:
+        wait = (recovery_backoff(failures) - (obs.now - last_recovery)).total_seconds()
+        if wait > 0:
+            return WorkerPlan(
+                phase=WorkerPhase.RECOVERING,
+                epoch=epoch,
+                create_pod=False,
+                delete_pods=stale,
+                pod=None,
+                node=None,
+                endpoint=None,
+                drain_started_at=obs.status.drain_started_at,
+                holds=frozenset(),
+                consecutive_failures=failures,
+                last_recovery_at=last_recovery,
+                conditions=(
+                    *conditions,
+                    ConditionPlan(
+                        ConditionType.RECOVERING,
+                        ConditionStatus.TRUE,
+                        Reason.RECOVERY_BACK_OFF,
+                        f"{failures} epoch(s) in a row failed before Ready; "
+                        f"epoch {epoch + 1} starts in {wait:.0f}s",
+                    ),
+                    ConditionPlan(
+                        ConditionType.READY,
+                        ConditionStatus.FALSE,
+                        Reason.RECOVERY_BACK_OFF,
+                        f"pod {pod_name(obs.name, epoch)}: {_recovery_detail(recovery, current)}",
+                    ),
+                ),
+                recheck_after=wait,
+            )
     if recovery is not None:
         new_epoch = epoch + 1
         doomed = stale + ((current.name,) if current is not None and not current.deleting else ())
@@ -173,6 +211,8 @@ def plan_worker(obs: WorkerObservation) -> WorkerPlan:
             drain_started_at=obs.status.drain_started_at,
             holds=frozenset(),
             recovery=recovery,
+            consecutive_failures=failures + 1,
+            last_recovery_at=obs.now,
             conditions=(
                 *conditions,
                 ConditionPlan(ConditionType.RECOVERING, ConditionStatus.TRUE, recovery, message),
@@ -266,6 +306,8 @@ def plan_worker(obs: WorkerObservation) -> WorkerPlan:
         drain_started_at=drain_started_at,
         holds=holds,
         migrate=migrate,
+        consecutive_failures=0 if phase is WorkerPhase.READY else failures,
+        last_recovery_at=last_recovery,
         drain_done=drain_done,
         conditions=tuple(conditions),
         recheck_after=recheck_after,
