@@ -21,10 +21,12 @@ from typing import Any, Protocol
 
 import httpx
 
-from sessionfleet.api import HoldMechanism, WorkerPhase
+from sessionfleet.api import CheckpointDriver, HoldMechanism, WorkerPhase
+from sessionfleet.checkpoint import Driver
 from sessionfleet.controllers.config import OperatorConfig
 from sessionfleet.controllers.records import Key, PolicyRecord, WorkerRecord, resource_version
 from sessionfleet.kube import Kube
+from sessionfleet.policy.checkpoint import CheckpointState
 from sessionfleet.policy.observed import NodeState, PodState
 from sessionfleet.policy.placement import WorkerLoad
 from sessionfleet.policy.sessions import SessionState
@@ -98,6 +100,7 @@ class Fleet:
     worker_pods: Store | None = None
     sessions: Store | None = None
     session_workers: Store | None = None
+    checkpoints: Store | None = None
     nodes: Store | None = None
     policies: Store | None = None
     wakeup: asyncio.Event = field(default_factory=asyncio.Event)
@@ -108,6 +111,9 @@ class Fleet:
     holds: dict[Key, frozenset[HoldMechanism]] = field(default_factory=dict)
     pod_holds: dict[str, frozenset[HoldMechanism]] = field(default_factory=dict)
     busy_sessions: set[Key] = field(default_factory=set)
+    drivers: dict[CheckpointDriver, Driver] = field(default_factory=dict)
+    running_checkpoints: set[Key] = field(default_factory=set)
+    tasks: set[asyncio.Task[None]] = field(default_factory=set)
     writes: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(16))
 
     # --- reads --------------------------------------------------------------------
@@ -135,6 +141,10 @@ class Fleet:
     def policies_in(self, namespace: str) -> list[PolicyRecord]:
         """Return the DrainPolicies of a namespace."""
         return list(self.policies.get(namespace, ())) if self.policies is not None else []
+
+    def checkpoints_of(self, key: Key) -> list[CheckpointState]:
+        """Return the worker's WorkerCheckpoints."""
+        return list(self.checkpoints.get(key, ())) if self.checkpoints is not None else []
 
     def sessions_of(self, key: Key) -> list[SessionState]:
         """Return the sessions whose status binds them to the worker."""

@@ -18,6 +18,7 @@ from sessionfleet.api import GROUP, VERSION
 from sessionfleet.controllers import loop
 from sessionfleet.controllers.fleet import Fleet
 from sessionfleet.controllers.records import (
+    checkpoint_record,
     policy_record,
     session_record,
     worker_record,
@@ -31,6 +32,7 @@ log = logging.getLogger(__name__)
 WORKERS = (GROUP, VERSION, "inferenceworkers")
 SESSIONS = (GROUP, VERSION, "agentsessions")
 POLICIES = (GROUP, VERSION, "drainpolicies")
+CHECKPOINTS = (GROUP, VERSION, "workercheckpoints")
 
 
 @kopf.on.startup()
@@ -57,6 +59,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
     fleet.session_workers = kwargs["session_worker_index"]
     fleet.nodes = kwargs["node_index"]
     fleet.policies = kwargs["policy_index"]
+    fleet.checkpoints = kwargs["checkpoint_index"]
     memo["loop"] = asyncio.create_task(loop.run(fleet), name="fleet loop")
     memo["scraper"] = asyncio.create_task(loop.scrape_forever(fleet), name="engine scraper")
 
@@ -129,6 +132,13 @@ def policy_index(body: kopf.Body, namespace: str | None, **_: Any) -> dict[Any, 
     return {namespace: policy_record(body)}
 
 
+@kopf.index(*CHECKPOINTS)
+def checkpoint_index(body: kopf.Body, namespace: str | None, **_: Any) -> dict[Any, Any]:
+    """WorkerCheckpoints by (namespace, worker)."""
+    state = checkpoint_record(body)
+    return {(namespace, state.worker): state} if state is not None else {}
+
+
 # --- events ---------------------------------------------------------------------------
 # Kopf calls event handlers only once every index is populated from its initial
 # list, so the first call tells the loop it may trust what the indexes say.
@@ -155,6 +165,12 @@ def pod_event(memo: kopf.Memo, **_: Any) -> None:
 @kopf.on.event("", "v1", "nodes")
 def node_event(memo: kopf.Memo, **_: Any) -> None:
     """Wake the loop: a node changed (cordons, taints and readiness start drains)."""
+    _wake(memo)
+
+
+@kopf.on.event(*CHECKPOINTS)
+def checkpoint_event(memo: kopf.Memo, **_: Any) -> None:
+    """Wake the loop: a WorkerCheckpoint changed (a user may have asked for one)."""
     _wake(memo)
 
 

@@ -36,3 +36,7 @@ API_WRITES = Counter(
     "Write requests the operator sent to the API server.",
     ["verb", "resource"],
 )
+CHECKPOINTS = Counter(
+    "sessionfleet_checkpoints_total", "Checkpoints written, by reason.", ["reason"]
+)
+RESTORES = Counter("sessionfleet_restores_total", "New epochs started from a checkpoint.")

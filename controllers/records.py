@@ -19,7 +19,9 @@ from sessionfleet.api import (
     InferenceWorkerStatus,
     parse,
 )
+from sessionfleet.api.checkpoint import WorkerCheckpoint
 from sessionfleet.api.drainpolicy import DrainPolicy
+from sessionfleet.policy.checkpoint import CheckpointState
 from sessionfleet.policy.sessions import SessionState
 
 Key = tuple[str, str]
@@ -138,3 +140,29 @@ def policy_record(body: Mapping[str, Any]) -> PolicyRecord:
     if parsed.obj is None:
         return PolicyRecord(name, None, parsed.message)
     return PolicyRecord(name, parsed.obj.spec)
+
+
+def checkpoint_record(body: Mapping[str, Any]) -> CheckpointState | None:
+    """Parse a WorkerCheckpoint body; ``None`` when it does not parse (the API rejects those)."""
+    parsed = parse(WorkerCheckpoint, body)
+    if parsed.obj is None:
+        return None
+    checkpoint = parsed.obj
+    spec, status = checkpoint.spec, checkpoint.status
+    meta = body.get("metadata") or {}
+    return CheckpointState(
+        namespace=str(meta.get("namespace", "")),
+        name=str(meta.get("name", "")),
+        worker=spec.worker,
+        reason=spec.reason,
+        phase=status.phase,
+        created_at=_created(meta),
+        completed_at=status.completed_at,
+        location=status.location,
+        epoch=status.epoch,
+        sessions=tuple(spec.sessions),
+        captured_tokens=status.total_tokens or 0,
+        driver=spec.driver,
+        destination=spec.destination,
+        resource_version=resource_version(body),
+    )

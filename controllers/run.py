@@ -100,15 +100,19 @@ async def run_operator(config: OperatorConfig) -> None:
     import kopf
     from prometheus_client import start_http_server
 
+    from sessionfleet.api import CheckpointDriver
+    from sessionfleet.checkpoint.engine import EngineDriver
     from sessionfleet.controllers import handlers  # noqa: F401 - registers the handlers
     from sessionfleet.controllers.fleet import Fleet
     from sessionfleet.kube import Kube, KubeConfig
 
     kube_config = KubeConfig.load(config.kubeconfig)
+    http = httpx.AsyncClient()
     fleet = Fleet(
         config=config,
         kube=Kube(kube_config, user_agent="sessionfleet-operator"),
-        http=httpx.AsyncClient(),
+        http=http,
+        drivers={CheckpointDriver.ENGINE: EngineDriver(http)},
     )
     start_http_server(config.metrics_port)
     await kopf.operator(

@@ -12,14 +12,19 @@ from datetime import datetime
 from typing import Any
 
 from sessionfleet.api import (
+    CheckpointDriver,
+    CheckpointReason,
     ConditionStatus,
     ConditionType,
+    InferenceWorker,
     MigrationReason,
     Reason,
     SessionPhase,
 )
-from sessionfleet.controllers import metrics
+from sessionfleet.checkpoint import CheckpointOutcome, DriverError
+from sessionfleet.controllers import checkpoints, metrics
 from sessionfleet.controllers.fleet import Fleet
+from sessionfleet.controllers.records import WorkerRecord
 from sessionfleet.controllers.status import iso
 from sessionfleet.kube import SESSIONS, KubeError, NotFound
 from sessionfleet.policy.placement import PlacementRequest, place
@@ -171,63 +176,139 @@ async def bind(fleet: Fleet, session: SessionState, now: datetime) -> None:
         metrics.BIND_LATENCY.observe(max((now - session.created_at).total_seconds(), 0.0))
 
 
-async def migrate_session(
-    fleet: Fleet, namespace: str, name: str, *, exclude: str, now: datetime
+async def migrate_sessions(
+    fleet: Fleet,
+    source: WorkerRecord,
+    worker: InferenceWorker,
+    names: tuple[str, ...],
+    through_checkpoint: bool,
+    now: datetime,
 ) -> None:
-    """Rebind a session of a draining worker to the best other worker.
+    """Move sessions of a draining worker to the best other workers, at a turn boundary.
 
-    Without a checkpoint the new worker recomputes the session's prefix at its next
-    turn; the router counts that in the session's recomputedTokens, never silently.
+    With ``through_checkpoint`` (the DrainPolicy's ``checkpoint`` and an ``engine``
+    driver), one Drain checkpoint captures the batch's sessions on the source and each
+    is imported into its new worker before the binding changes, so its next turn hits
+    the cache there. Without one — or if the save or import fails — the session is
+    rebound without cache and its next turn's recomputation is counted by the router.
     """
-    session = fleet.session(namespace, name)
-    if session is None or session.worker != exclude or session.key in fleet.busy_sessions:
+    namespace = source.namespace
+    movable: list[tuple[SessionState, str, str]] = []
+    for name in names:
+        session = fleet.session(namespace, name)
+        if session is None or session.worker != source.name or session.key in fleet.busy_sessions:
+            continue
+        if fleet.freshness.is_stale(session.key, session.resource_version):
+            continue
+        placement = place(
+            PlacementRequest(
+                model=session.model,
+                expected_tokens=session.context_tokens,
+                exclude=frozenset({source.name}),
+            ),
+            fleet.loads(namespace),
+        )
+        if placement.worker is None:
+            continue  # nowhere to go yet: the drain keeps holding until its deadline
+        fleet.ledger.add(session.key, placement.worker, session.context_tokens)
+        movable.append((session, placement.worker, placement.message))
+    if not movable:
         return
-    if fleet.freshness.is_stale(session.key, session.resource_version):
-        return
-    placement = place(
-        PlacementRequest(
-            model=session.model,
-            expected_tokens=session.context_tokens,
-            exclude=frozenset({exclude}),
-        ),
-        fleet.loads(namespace),
+    keys = {session.key for session, _, _ in movable}
+    fleet.busy_sessions.update(keys)
+    try:
+        saved = None
+        if through_checkpoint:
+            saved = await _save_for_migration(fleet, source, worker, movable, now)
+        for session, target, why in movable:
+            loaded = saved is not None and await _load_into(fleet, saved, session, target)
+            await _rebind(fleet, session, source.name, target, why, saved if loaded else None, now)
+    finally:
+        fleet.busy_sessions.difference_update(keys)
+
+
+async def _save_for_migration(
+    fleet: Fleet,
+    source: WorkerRecord,
+    worker: InferenceWorker,
+    movable: list[tuple[SessionState, str, str]],
+    now: datetime,
+) -> tuple[str, CheckpointOutcome] | None:
+    """Take the Drain checkpoint of the sessions about to move; ``None`` if it fails."""
+    sessions = tuple(session.session_id for session, _, _ in movable)
+    created = await checkpoints.create(
+        fleet, source, worker, CheckpointReason.DRAIN, now, sessions=sessions
     )
-    if placement.worker is None:
-        return  # nowhere to go yet: the drain keeps holding until its deadline
-    record = fleet.worker(namespace, placement.worker)
+    if created is None:
+        return None
+    outcome = await checkpoints.save(fleet, created, now)
+    return (created.name, outcome) if outcome is not None else None
+
+
+async def _load_into(
+    fleet: Fleet, saved: tuple[str, CheckpointOutcome], session: SessionState, target: str
+) -> bool:
+    """Import one session's saved blocks into its new worker's engine."""
+    _, outcome = saved
+    record = fleet.worker(session.namespace, target)
+    driver = fleet.drivers.get(CheckpointDriver.ENGINE)
+    if record is None or record.worker is None or driver is None:
+        return False
+    destination = checkpoints.target_for(
+        record, record.worker, outcome.location, (session.session_id,)
+    )
+    if destination is None or session.session_id not in outcome.sessions:
+        return False
+    try:
+        await driver.load(destination)
+    except DriverError as error:
+        log.warning("session %s: import into %s failed: %s", session.key, target, error)
+        return False
+    return True
+
+
+async def _rebind(
+    fleet: Fleet,
+    session: SessionState,
+    source: str,
+    target: str,
+    why: str,
+    saved: tuple[str, CheckpointOutcome] | None,
+    now: datetime,
+) -> None:
+    record = fleet.worker(session.namespace, target)
     status = record.status if record is not None else None
-    migration = {
-        "from": exclude,
-        "to": placement.worker,
+    migration: dict[str, Any] = {
+        "from": source,
+        "to": target,
         "reason": MigrationReason.DRAIN.value,
         "at": iso(now),
     }
-    fleet.busy_sessions.add(session.key)
-    try:
-        fleet.ledger.add(session.key, placement.worker, session.context_tokens)
-        moved = await _patch_status(
-            fleet,
-            session,
-            {
-                "phase": SessionPhase.BOUND.value,
-                "worker": placement.worker,
-                "pod": status.pod if status else None,
-                "epoch": status.epoch if status else None,
-                "boundAt": iso(now),
-                "migrations": [*session.migrations, migration],
-                "conditions": [
-                    _ready_condition(
-                        True,
-                        Reason.BOUND,
-                        f"migrated from draining worker {exclude}: {placement.message}",
-                        now,
-                    )
-                ],
-            },
-        )
-        if moved:
-            metrics.MIGRATIONS.labels(MigrationReason.DRAIN.value).inc()
-        else:
-            fleet.ledger.settle(session.key)
-    finally:
-        fleet.busy_sessions.discard(session.key)
+    if saved is not None:
+        name, outcome = saved
+        migration["checkpoint"] = name
+        migration["recomputedTokens"] = 0
+        how = f"through checkpoint {name} ({outcome.sessions.get(session.session_id, 0)} tokens)"
+    else:
+        how = "without cache: its prefix is recomputed at the next turn"
+    moved = await _patch_status(
+        fleet,
+        session,
+        {
+            "phase": SessionPhase.BOUND.value,
+            "worker": target,
+            "pod": status.pod if status else None,
+            "epoch": status.epoch if status else None,
+            "boundAt": iso(now),
+            "migrations": [*session.migrations, migration],
+            "conditions": [
+                _ready_condition(
+                    True, Reason.BOUND, f"migrated from draining worker {source} {how}; {why}", now
+                )
+            ],
+        },
+    )
+    if moved:
+        metrics.MIGRATIONS.labels(MigrationReason.DRAIN.value).inc()
+    else:
+        fleet.ledger.settle(session.key)

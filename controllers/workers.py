@@ -21,11 +21,13 @@ from sessionfleet.api import (
     WorkerPhase,
 )
 from sessionfleet.controllers import metrics
+from sessionfleet.controllers.checkpoints import reconcile_checkpoints, worker_driver_of
 from sessionfleet.controllers.fleet import EngineStats, Fleet
 from sessionfleet.controllers.records import WorkerRecord
-from sessionfleet.controllers.sessions import migrate_session
+from sessionfleet.controllers.sessions import migrate_sessions
 from sessionfleet.controllers.status import iso, merge_conditions, status_patch
 from sessionfleet.kube import PDBS, PODS, WORKERS, Conflict, KubeError, NotFound
+from sessionfleet.policy.checkpoint import latest_usable
 from sessionfleet.policy.drain import PinnedSession, resolve_policy
 from sessionfleet.policy.worker import ConditionPlan, WorkerObservation, WorkerPlan, plan_worker
 from sessionfleet.resources.pods import build_pdb, build_pod, hold_annotations
@@ -79,6 +81,19 @@ def desired_status(
         ConditionPlan(ConditionType.VALID, ConditionStatus.TRUE, Reason.PARSED, "spec accepted"),
         *plan.conditions,
     ]
+    usable = latest_usable(fleet.checkpoints_of(record.key))
+    restores = record.status.restore_count or 0
+    if plan.epoch != (record.status.epoch or 0) and plan.epoch > 1 and usable is not None:
+        restores += 1  # this new epoch starts from the checkpoint
+    if usable is not None:
+        conditions.append(
+            ConditionPlan(
+                ConditionType.CHECKPOINTED,
+                ConditionStatus.TRUE,
+                Reason.CHECKPOINT_SUCCEEDED,
+                f"{usable.name}: {usable.captured_tokens} tokens from epoch {usable.epoch}",
+            )
+        )
     return {
         "observedGeneration": worker.metadata.generation,
         "phase": plan.phase.value,
@@ -95,6 +110,8 @@ def desired_status(
         "drainStartedAt": iso(plan.drain_started_at),
         "consecutiveFailures": plan.consecutive_failures or None,
         "lastRecoveryAt": iso(plan.last_recovery_at),
+        "lastCheckpoint": usable.name if usable is not None else None,
+        "restoreCount": restores or None,
         "conditions": merge_conditions(
             record.raw_status.get("conditions") or [],
             conditions,
@@ -153,22 +170,38 @@ async def reconcile_worker(fleet: Fleet, record: WorkerRecord, now: datetime) ->
         metrics.DRAIN_DURATION.observe((now - started).total_seconds())
 
     if plan.create_pod:
-        await _create_pod(fleet, worker, plan.epoch)
+        await _create_pod(fleet, record, worker, plan.epoch)
     for name in plan.delete_pods:
         await _delete_pod(fleet, record.namespace, name)
     await _apply_holds(fleet, record, worker, plan)
-    for session_name in plan.migrate:
-        await migrate_session(fleet, record.namespace, session_name, exclude=record.name, now=now)
+    if plan.migrate:
+        await migrate_sessions(
+            fleet, record, worker, plan.migrate, plan.migrate_through_checkpoint, now
+        )
     if patch:
         await write_status(fleet, record, patch)
+    await reconcile_checkpoints(fleet, record, worker, now)
 
 
-async def _create_pod(fleet: Fleet, worker: InferenceWorker, epoch: int) -> None:
+async def _create_pod(
+    fleet: Fleet, record: WorkerRecord, worker: InferenceWorker, epoch: int
+) -> None:
+    """Create the epoch's pod; a later epoch starts from the newest usable checkpoint."""
+    restore_args: list[str] = []
+    usable = latest_usable(fleet.checkpoints_of(record.key)) if epoch > 1 else None
+    driver = fleet.drivers.get(worker_driver_of(worker)) if usable is not None else None
+    if usable is not None and usable.location and driver is not None:
+        restore_args = driver.restore_args(worker.spec.engine.type, usable.location)
     try:
         await fleet.kube.create(
-            PODS, build_pod(worker, epoch, fleet.config.images), worker.metadata.namespace
+            PODS,
+            build_pod(worker, epoch, fleet.config.images, restore_args),
+            worker.metadata.namespace,
         )
         metrics.API_WRITES.labels("create", "pods").inc()
+        if restore_args and usable is not None:
+            metrics.RESTORES.inc()
+            log.info("worker %s: epoch %d restores %s", record.key, epoch, usable.name)
     except Conflict:
         pass  # created by an earlier attempt: the name is deterministic
 

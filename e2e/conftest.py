@@ -19,8 +19,15 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from e2e.helpers import Kubectl, wait_until
-from e2e.localcluster import ENV_KUBECONFIG, LocalCluster, ToolsMissingError, find_tools
+from e2e.helpers import CRDS_DIR, Kubectl, wait_until
+from e2e.localcluster import (
+    ENV_KUBECONFIG,
+    LocalCluster,
+    ToolsMissingError,
+    find_tools,
+    gpu_node_manifest,
+)
+from e2e.operator import Custom, OperatorProcess
 
 
 @pytest.fixture(scope="session")
@@ -101,3 +108,57 @@ def namespace(core: Any, request: pytest.FixtureRequest) -> Iterator[str]:
     except ApiException as error:
         if error.status != 404:
             raise
+
+
+# --- the operator and its objects, for the tests of the operator and of checkpoints ---
+
+
+@pytest.fixture(scope="session")
+def crds_installed(kubectl: Kubectl) -> None:
+    """The sessionfleet CRDs, applied and Established (idempotent across workers)."""
+    kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRDS_DIR))
+    kubectl(
+        "wait",
+        "--for=condition=Established",
+        "crd",
+        "-l",
+        "app.kubernetes.io/part-of=sessionfleet",
+        "--timeout=60s",
+    )
+
+
+@pytest.fixture
+def operator(
+    cluster: LocalCluster, namespace: str, crds_installed: None, tmp_path: Path
+) -> Iterator[OperatorProcess]:
+    """A running operator for the test's namespace; its log is shown when a test fails."""
+    process = OperatorProcess(cluster.kubeconfig, namespace, tmp_path)
+    process.start()
+    yield process
+    process.stop()
+
+
+@pytest.fixture
+def crs(api: Any, namespace: str) -> Custom:
+    """Custom resources of the test's namespace."""
+    return Custom(client.CustomObjectsApi(api), namespace)
+
+
+@pytest.fixture
+def own_nodes(core: Any, namespace: str) -> Iterator[list[str]]:
+    """Two fake GPU nodes only this test's workers may use (a taint keeps others off)."""
+    names = [f"{namespace}-n{i}"[:63] for i in range(2)]
+    for name in names:
+        node = gpu_node_manifest(name, 4)
+        node["metadata"]["labels"]["e2e.sessionfleet.dev/pool"] = namespace
+        node["spec"]["taints"].append(
+            {"key": "e2e.sessionfleet.dev/pool", "value": namespace, "effect": "NoSchedule"}
+        )
+        core.create_node(node)
+    yield names
+    for name in names:
+        try:
+            core.delete_node(name)
+        except ApiException as error:
+            if error.status != 404:
+                raise

@@ -13,11 +13,13 @@ from typing import Any
 
 import httpx
 
+from e2e.helpers import wait_until
 from e2e.localcluster import BACKED_LABEL, gpu_pod_tolerations
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SESSIONFLEET = Path(sys.executable).parent / "sessionfleet"
 GROUP, VERSION = "sessionfleet.dev", "v1alpha1"
+WORKER_LABEL = "sessionfleet.dev/worker"
 
 
 def free_port() -> int:
@@ -177,3 +179,48 @@ class Custom:
 def condition(status: dict[str, Any], kind: str) -> dict[str, Any]:
     """One condition of a status, or an empty dict."""
     return next((c for c in status.get("conditions") or [] if c.get("type") == kind), {})
+
+
+def on_own_nodes(worker: dict[str, Any], namespace: str, node: str | None = None) -> dict[str, Any]:
+    """Confine a worker to the test's own nodes (one of them when ``node`` is given)."""
+    template = worker["spec"]["template"]
+    template["tolerations"] = [
+        *gpu_pod_tolerations(),
+        {"key": "e2e.sessionfleet.dev/pool", "operator": "Exists", "effect": "NoSchedule"},
+    ]
+    template["nodeSelector"] = (
+        {"kubernetes.io/hostname": node} if node else {"e2e.sessionfleet.dev/pool": namespace}
+    )
+    return worker
+
+
+def wait_for(operator: OperatorProcess, check: Any, *, timeout: float, what: str) -> Any:
+    """``wait_until``, with the operator's log appended when the wait fails."""
+    try:
+        return wait_until(check, timeout=timeout, what=what)
+    except AssertionError as error:
+        raise AssertionError(f"{error}\n--- operator log ---\n{operator.log_tail()}") from None
+
+
+def worker_pods(core: Any, namespace: str, worker: str) -> list[Any]:
+    return list(
+        core.list_namespaced_pod(
+            namespace, label_selector=f"{'sessionfleet.dev/worker'}={worker}"
+        ).items
+    )
+
+
+def ready_workers(crs: Custom, count: int, operator: OperatorProcess) -> None:
+    wait_for(
+        operator,
+        crs.all_in_phase("inferenceworkers", "Ready", count),
+        timeout=60,
+        what="{count} Ready workers",
+    )
+
+
+def bound_to(crs: Custom) -> dict[str, str | None]:
+    return {
+        o["metadata"]["name"]: (o.get("status") or {}).get("worker")
+        for o in crs.list("agentsessions")
+    }

@@ -12,7 +12,6 @@ import os
 import signal
 import time
 from collections import Counter
-from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -22,119 +21,28 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from e2e.helpers import CRDS_DIR, Kubectl, wait_until
+from e2e.helpers import Kubectl, wait_until
 from e2e.localcluster import (
     LocalCluster,
     container_id_pid,
-    gpu_node_manifest,
-    gpu_pod_tolerations,
 )
 from e2e.operator import (
     Custom,
     OperatorProcess,
+    bound_to,
     condition,
     drain_policy,
+    on_own_nodes,
+    ready_workers,
     session,
     sim_worker,
+    wait_for,
+    worker_pods,
 )
 
 pytestmark = pytest.mark.timeout(240)
 
 WORKER_LABEL = "sessionfleet.dev/worker"
-
-
-@pytest.fixture(scope="session")
-def crds_installed(kubectl: Kubectl) -> None:
-    """The sessionfleet CRDs, applied and Established (idempotent across workers)."""
-    kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRDS_DIR))
-    kubectl(
-        "wait",
-        "--for=condition=Established",
-        "crd",
-        "-l",
-        "app.kubernetes.io/part-of=sessionfleet",
-        "--timeout=60s",
-    )
-
-
-@pytest.fixture
-def operator(
-    cluster: LocalCluster, namespace: str, crds_installed: None, tmp_path: Path
-) -> Iterator[OperatorProcess]:
-    """A running operator for the test's namespace; its log is shown when a test fails."""
-    process = OperatorProcess(cluster.kubeconfig, namespace, tmp_path)
-    process.start()
-    yield process
-    process.stop()
-
-
-@pytest.fixture
-def crs(api: Any, namespace: str) -> Custom:
-    """Custom resources of the test's namespace."""
-    return Custom(client.CustomObjectsApi(api), namespace)
-
-
-@pytest.fixture
-def own_nodes(core: Any, namespace: str) -> Iterator[list[str]]:
-    """Two fake GPU nodes only this test's workers may use (a taint keeps others off)."""
-    names = [f"{namespace}-n{i}"[:63] for i in range(2)]
-    for name in names:
-        node = gpu_node_manifest(name, 4)
-        node["metadata"]["labels"]["e2e.sessionfleet.dev/pool"] = namespace
-        node["spec"]["taints"].append(
-            {"key": "e2e.sessionfleet.dev/pool", "value": namespace, "effect": "NoSchedule"}
-        )
-        core.create_node(node)
-    yield names
-    for name in names:
-        try:
-            core.delete_node(name)
-        except ApiException as error:
-            if error.status != 404:
-                raise
-
-
-def on_own_nodes(worker: dict[str, Any], namespace: str, node: str | None = None) -> dict[str, Any]:
-    """Confine a worker to the test's own nodes (one of them when ``node`` is given)."""
-    template = worker["spec"]["template"]
-    template["tolerations"] = [
-        *gpu_pod_tolerations(),
-        {"key": "e2e.sessionfleet.dev/pool", "operator": "Exists", "effect": "NoSchedule"},
-    ]
-    template["nodeSelector"] = (
-        {"kubernetes.io/hostname": node} if node else {"e2e.sessionfleet.dev/pool": namespace}
-    )
-    return worker
-
-
-def wait_for(operator: OperatorProcess, check: Any, *, timeout: float, what: str) -> Any:
-    """``wait_until``, with the operator's log appended when the wait fails."""
-    try:
-        return wait_until(check, timeout=timeout, what=what)
-    except AssertionError as error:
-        raise AssertionError(f"{error}\n--- operator log ---\n{operator.log_tail()}") from None
-
-
-def worker_pods(core: Any, namespace: str, worker: str) -> list[Any]:
-    return list(
-        core.list_namespaced_pod(namespace, label_selector=f"{WORKER_LABEL}={worker}").items
-    )
-
-
-def ready_workers(crs: Custom, count: int, operator: OperatorProcess) -> None:
-    wait_for(
-        operator,
-        crs.all_in_phase("inferenceworkers", "Ready", count),
-        timeout=60,
-        what="{count} Ready workers",
-    )
-
-
-def bound_to(crs: Custom) -> dict[str, str | None]:
-    return {
-        o["metadata"]["name"]: (o.get("status") or {}).get("worker")
-        for o in crs.list("agentsessions")
-    }
 
 
 def test_workers_become_ready_and_sessions_bind_balanced(

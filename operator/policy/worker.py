@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from sessionfleet.api import (
+    CheckpointDriver,
     ConditionStatus,
     ConditionType,
     HoldMechanism,
@@ -81,6 +82,7 @@ class WorkerPlan:
     drain_started_at: datetime | None
     holds: frozenset[HoldMechanism]
     migrate: tuple[str, ...] = ()
+    migrate_through_checkpoint: bool = False
     recovery: Reason | None = None
     consecutive_failures: int = 0
     last_recovery_at: datetime | None = None
@@ -306,6 +308,8 @@ def plan_worker(obs: WorkerObservation) -> WorkerPlan:
         drain_started_at=drain_started_at,
         holds=holds,
         migrate=migrate,
+        migrate_through_checkpoint=obs.policy.spec.checkpoint
+        and obs.spec.checkpoint.driver is not CheckpointDriver.NONE,
         consecutive_failures=0 if phase is WorkerPhase.READY else failures,
         last_recovery_at=last_recovery,
         drain_done=drain_done,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,9 +84,16 @@ def engine_args(worker: InferenceWorker) -> list[str]:
 
 
 def build_pod(
-    worker: InferenceWorker, epoch: int, images: EngineImages | None = None
+    worker: InferenceWorker,
+    epoch: int,
+    images: EngineImages | None = None,
+    restore_args: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """Return the worker's pod for ``epoch``, named ``<worker>-<epoch>``."""
+    """Return the worker's pod for ``epoch``, named ``<worker>-<epoch>``.
+
+    ``restore_args`` are the checkpoint driver's arguments that make the engine start
+    from a saved state (a recovering epoch).
+    """
     images = images or EngineImages()
     spec = worker.spec
     engine = spec.engine
@@ -106,6 +114,14 @@ def build_pod(
     ]
     volumes: list[dict[str, Any]] = list(overlay.volumes)
     mounts: list[dict[str, Any]] = list(overlay.volume_mounts)
+    storage = spec.checkpoint.storage
+    if storage.claim_name:
+        # Checkpoints written by one epoch are read by the next, maybe on another node:
+        # the claim must be ReadWriteMany, mounted at the same path in every pod.
+        volumes.append(
+            {"name": "checkpoints", "persistentVolumeClaim": {"claimName": storage.claim_name}}
+        )
+        mounts.append({"name": "checkpoints", "mountPath": storage.path})
     if not is_sim:
         # NCCL and PyTorch workers share tensors through /dev/shm; the runtime's
         # default 64 MiB is too small for tensor parallelism.
@@ -114,7 +130,7 @@ def build_pod(
     container: dict[str, Any] = {
         "name": "engine",
         "image": image,
-        "args": engine_args(worker),
+        "args": [*engine_args(worker), *restore_args],
         "env": env,
         "ports": [{"name": "http", "containerPort": engine.port, "protocol": "TCP"}],
         "resources": resources,

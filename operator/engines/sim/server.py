@@ -126,6 +126,11 @@ def _common(body: Mapping[str, Any], model: str, force_include_usage: bool) -> _
 ENGINE_KEY: Final = web.AppKey("engine", SimEngine)
 
 
+def _directory_bytes(directory: Path) -> int:
+    """The bytes of the files a snapshot wrote (its size on storage)."""
+    return sum(f.stat().st_size for f in directory.iterdir() if f.is_file())
+
+
 def _session_of(request: web.Request, config: EngineConfig) -> str | None:
     return request.headers.get(FORWARDED_SESSION_HEADER) or request.headers.get(
         config.session_header
@@ -200,12 +205,18 @@ class _Handlers:
             raise RequestError(
                 f"cannot write to {directory}: {error}", 500, "InternalServerError"
             ) from error
+        size = await asyncio.to_thread(_directory_bytes, Path(directory))
         return web.json_response(
             {
                 "directory": directory,
                 "blocks": manifest["blocks"],
                 "tokens": manifest["tokens"],
                 "sessions": sorted(manifest["sessions"]),
+                # Per session, the prefix tokens saved: what a checkpoint records.
+                "sessionTokens": {
+                    sid: entry["tokens"] for sid, entry in manifest["sessions"].items()
+                },
+                "bytes": size,
                 "seconds": round(time.monotonic() - started, 6),
             }
         )
@@ -227,6 +238,7 @@ class _Handlers:
                 "blocks": len(snapshot.blocks),
                 "added": added,
                 "sessions": sorted(snapshot.sessions),
+                "sessionTokens": {sid: r.tokens for sid, r in snapshot.sessions.items()},
                 "seconds": round(time.monotonic() - started, 6),
             }
         )

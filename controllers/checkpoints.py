@@ -1,0 +1,245 @@
+"""WorkerCheckpoint reconciliation: run pending checkpoints, take periodic ones, keep N.
+
+A checkpoint is an object first (like a VolumeSnapshot): the operator creates one for a
+periodic or drain checkpoint, a user creates one with ``kubectl apply`` for a manual
+one, and this controller runs whichever is Pending through the worker's driver. The
+status records the phase, timings, size, location, the worker epoch and the sessions
+and tokens captured.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from datetime import datetime
+from typing import Any
+
+from sessionfleet.api import (
+    API_VERSION,
+    CheckpointDriver,
+    CheckpointPhase,
+    CheckpointReason,
+    InferenceWorker,
+    WorkerPhase,
+)
+from sessionfleet.checkpoint import CheckpointOutcome, CheckpointTarget, DriverError
+from sessionfleet.controllers import metrics
+from sessionfleet.controllers.fleet import Fleet
+from sessionfleet.controllers.records import WorkerRecord
+from sessionfleet.controllers.status import iso
+from sessionfleet.kube import CHECKPOINTS, Conflict, KubeError, NotFound
+from sessionfleet.policy.checkpoint import (
+    CheckpointState,
+    checkpoint_location,
+    checkpoint_name,
+    latest_usable,
+    periodic_due,
+    retention_victims,
+)
+from sessionfleet.resources.pods import owner_reference
+
+log = logging.getLogger(__name__)
+
+
+def worker_driver_of(worker: InferenceWorker) -> CheckpointDriver:
+    """Return the worker's configured checkpoint driver."""
+    return worker.spec.checkpoint.driver
+
+
+def worker_driver(worker: InferenceWorker, checkpoint: CheckpointState) -> CheckpointDriver:
+    """Return the driver a checkpoint uses: its own, else the worker's."""
+    return checkpoint.driver or worker_driver_of(worker)
+
+
+def target_for(
+    record: WorkerRecord, worker: InferenceWorker, location: str, sessions: tuple[str, ...]
+) -> CheckpointTarget | None:
+    """Return what the driver works on; ``None`` while the worker has no serving pod."""
+    status = record.status
+    if not status.endpoint or status.epoch is None:
+        return None
+    return CheckpointTarget(
+        namespace=record.namespace,
+        worker=record.name,
+        epoch=status.epoch,
+        engine=worker.spec.engine.type,
+        endpoint=status.endpoint,
+        location=location,
+        pod=status.pod,
+        node=status.node,
+        sessions=sessions,
+    )
+
+
+async def _patch(fleet: Fleet, checkpoint: CheckpointState, status: dict[str, Any]) -> None:
+    body = await fleet.kube.patch(
+        CHECKPOINTS, checkpoint.name, {"status": status}, checkpoint.namespace, status=True
+    )
+    metrics.API_WRITES.labels("patch", "workercheckpoints/status").inc()
+    fleet.freshness.mark((checkpoint.namespace, f"checkpoint/{checkpoint.name}"), body)
+
+
+async def save(
+    fleet: Fleet, checkpoint: CheckpointState, now: datetime
+) -> CheckpointOutcome | None:
+    """Run one checkpoint through its driver and record the outcome in its status."""
+    record = fleet.worker(checkpoint.namespace, checkpoint.worker)
+    if record is None or record.worker is None:
+        await _patch(
+            fleet,
+            checkpoint,
+            {
+                "phase": CheckpointPhase.FAILED.value,
+                "error": f"worker {checkpoint.worker} not found",
+            },
+        )
+        return None
+    worker = record.worker
+    kind = worker_driver(worker, checkpoint)
+    driver = fleet.drivers.get(kind)
+    location = checkpoint_location(
+        worker.spec.checkpoint.storage.path,
+        checkpoint.namespace,
+        checkpoint.worker,
+        checkpoint.name,
+        checkpoint.destination,
+    )
+    target = target_for(record, worker, location, checkpoint.sessions)
+    failure = None
+    if kind is CheckpointDriver.NONE or driver is None:
+        failure = f"driver {kind.value} cannot checkpoint here"
+    elif target is None:
+        failure = f"worker {checkpoint.worker} has no serving pod"
+    if failure is not None or target is None or driver is None:
+        await _patch(fleet, checkpoint, {"phase": CheckpointPhase.FAILED.value, "error": failure})
+        return None
+    await _patch(
+        fleet,
+        checkpoint,
+        {"phase": CheckpointPhase.RUNNING.value, "startedAt": iso(now), "epoch": target.epoch},
+    )
+    try:
+        outcome = await driver.save(target)
+    except DriverError as error:
+        await _patch(
+            fleet,
+            checkpoint,
+            {"phase": CheckpointPhase.FAILED.value, "error": str(error), "completedAt": iso(now)},
+        )
+        log.warning("checkpoint %s/%s failed: %s", checkpoint.namespace, checkpoint.name, error)
+        return None
+    done = datetime.now(now.tzinfo)
+    await _patch(
+        fleet,
+        checkpoint,
+        {
+            "phase": CheckpointPhase.SUCCEEDED.value,
+            "completedAt": iso(done),
+            "durationSeconds": round(outcome.seconds, 6),
+            "sizeBytes": outcome.size_bytes,
+            "location": outcome.location,
+            "sessions": [
+                {"sessionId": sid, "tokens": tokens}
+                for sid, tokens in sorted(outcome.sessions.items())
+            ],
+            "totalTokens": outcome.total_tokens,
+        },
+    )
+    metrics.CHECKPOINTS.labels(checkpoint.reason.value).inc()
+    return outcome
+
+
+async def create(
+    fleet: Fleet,
+    record: WorkerRecord,
+    worker: InferenceWorker,
+    reason: CheckpointReason,
+    now: datetime,
+    sessions: tuple[str, ...] = (),
+) -> CheckpointState | None:
+    """Create a WorkerCheckpoint object owned by the worker; return its state."""
+    epoch = record.status.epoch or 0
+    name = checkpoint_name(record.name, reason, epoch, now)
+    body = {
+        "apiVersion": API_VERSION,
+        "kind": "WorkerCheckpoint",
+        "metadata": {
+            "name": name,
+            "namespace": record.namespace,
+            "labels": {"sessionfleet.dev/worker": record.name},
+            "ownerReferences": [{**owner_reference(worker), "controller": False}],
+        },
+        "spec": {"worker": record.name, "reason": reason.value, "sessions": list(sessions)},
+    }
+    try:
+        await fleet.kube.create(CHECKPOINTS, body, record.namespace)
+    except Conflict:
+        return None  # created this second already
+    metrics.API_WRITES.labels("create", "workercheckpoints").inc()
+    return CheckpointState(
+        namespace=record.namespace,
+        name=name,
+        worker=record.name,
+        reason=reason,
+        created_at=now,
+        sessions=sessions,
+    )
+
+
+def _start(fleet: Fleet, checkpoint: CheckpointState, now: datetime) -> None:
+    key = (checkpoint.namespace, checkpoint.name)
+    if key in fleet.running_checkpoints:
+        return
+
+    async def run() -> None:
+        try:
+            await save(fleet, checkpoint, now)
+        except KubeError as error:
+            log.warning("checkpoint %s: %s", key, error)
+        finally:
+            fleet.running_checkpoints.discard(key)
+            fleet.wakeup.set()
+
+    fleet.running_checkpoints.add(key)
+    task = asyncio.create_task(run(), name=f"checkpoint {key}")
+    fleet.tasks.add(task)
+    task.add_done_callback(fleet.tasks.discard)
+
+
+async def reconcile_checkpoints(
+    fleet: Fleet, record: WorkerRecord, worker: InferenceWorker, now: datetime
+) -> None:
+    """Run the worker's pending checkpoints, take a periodic one if due, apply retention."""
+    checkpoints = fleet.checkpoints_of(record.key)
+    for checkpoint in checkpoints:
+        # Drain checkpoints are run by the migration that created them, in line.
+        if checkpoint.phase is None and checkpoint.reason is not CheckpointReason.DRAIN:
+            _start(fleet, checkpoint, now)
+    settings = worker.spec.checkpoint
+    whole = [c for c in checkpoints if c.whole_worker]
+    last = latest_usable(whole)
+    in_flight = any(
+        c.phase in (None, CheckpointPhase.PENDING, CheckpointPhase.RUNNING) for c in whole
+    )
+    activity = max(
+        (s.last_activity for s in fleet.sessions_of(record.key) if s.last_activity),
+        default=None,
+    )
+    if periodic_due(
+        settings.interval,
+        settings.driver,
+        record.status.phase is WorkerPhase.READY,
+        last,
+        activity,
+        in_flight,
+        now,
+    ):
+        created = await create(fleet, record, worker, CheckpointReason.PERIODIC, now)
+        if created is not None:
+            _start(fleet, created, now)
+    for name in retention_victims(checkpoints, settings.retention):
+        try:
+            await fleet.kube.delete(CHECKPOINTS, name, record.namespace)
+            metrics.API_WRITES.labels("delete", "workercheckpoints").inc()
+        except NotFound:
+            pass

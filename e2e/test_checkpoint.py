@@ -1,0 +1,217 @@
+"""Checkpoints on the real control plane: a session's work survives the worker that did it.
+
+Worker pods are backed by real simulated-engine processes; turns are sent straight to
+the engines (with the session header the router forwards), and ``cached_tokens`` in
+their answers shows what was saved and restored.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from e2e.helpers import Kubectl, wait_until
+from e2e.localcluster import container_id_pid
+from e2e.operator import (
+    Custom,
+    OperatorProcess,
+    bound_to,
+    condition,
+    drain_policy,
+    on_own_nodes,
+    ready_workers,
+    session,
+    sim_worker,
+    wait_for,
+    worker_pods,
+)
+
+pytestmark = pytest.mark.timeout(240)
+
+SESSION_HEADER = "X-Sessionfleet-Session-Id"
+SYSTEM = "You are a coding agent working in a large repository. " * 300
+
+
+def turn(
+    endpoint: str, session_id: str, history: list[dict[str, str]], text: str
+) -> dict[str, Any]:
+    """One turn of a session, sent straight to an engine; the history grows."""
+    history.append({"role": "user", "content": text})
+    response = httpx.post(
+        f"{endpoint}/v1/chat/completions",
+        json={"model": "m", "messages": history, "max_tokens": 16},
+        headers={SESSION_HEADER: session_id},
+        timeout=30,
+    )
+    response.raise_for_status()
+    answer = response.json()
+    history.append({"role": "assistant", "content": answer["choices"][0]["message"]["content"]})
+    return answer  # type: ignore[no-any-return]
+
+
+def cached(answer: dict[str, Any]) -> int:
+    return int(answer["usage"]["prompt_tokens_details"]["cached_tokens"])
+
+
+def kill_engine(core: Any, namespace: str, worker: str) -> None:
+    pod = core.api_client.sanitize_for_serialization(worker_pods(core, namespace, worker)[0])
+    pid = container_id_pid(pod)
+    assert pid is not None, pod["status"]
+    os.kill(pid, signal.SIGKILL)
+
+
+def checkpointed_worker(name: str, storage: Path, **checkpoint: Any) -> dict[str, Any]:
+    return sim_worker(
+        name, checkpoint={"driver": "engine", "storage": {"path": str(storage)}, **checkpoint}
+    )
+
+
+def test_a_manual_checkpoint_is_restored_by_the_next_epoch(
+    operator: OperatorProcess, crs: Custom, core: Any, namespace: str, tmp_path: Path
+) -> None:
+    crs.create(checkpointed_worker("w", tmp_path))
+    ready_workers(crs, 1, operator)
+    endpoint = crs.status("inferenceworkers", "w")["endpoint"]
+    history = [{"role": "system", "content": SYSTEM}]
+    for step in range(3):
+        last = turn(endpoint, "sid-1", history, f"step {step}: run the tests")
+    prefix = last["usage"]["prompt_tokens"]
+
+    crs.create(
+        {
+            "apiVersion": "sessionfleet.dev/v1alpha1",
+            "kind": "WorkerCheckpoint",
+            "metadata": {"name": "by-hand"},
+            "spec": {"worker": "w", "reason": "Manual"},
+        }
+    )
+    wait_for(
+        operator,
+        lambda: crs.status("workercheckpoints", "by-hand").get("phase") == "Succeeded",
+        timeout=30,
+        what="the manual checkpoint Succeeded",
+    )
+    saved = crs.status("workercheckpoints", "by-hand")
+    assert saved["epoch"] == 1 and saved["sizeBytes"] > 0
+    assert saved["location"] == f"{tmp_path}/{namespace}/w/by-hand"
+    (captured,) = saved["sessions"]
+    assert captured["sessionId"] == "sid-1" and captured["tokens"] >= prefix - 16
+    wait_until(
+        lambda: crs.status("inferenceworkers", "w").get("lastCheckpoint") == "by-hand",
+        timeout=15,
+        what="lastCheckpoint",
+    )
+
+    kill_engine(core, namespace, "w")
+    wait_for(
+        operator,
+        lambda: (
+            crs.status("inferenceworkers", "w").get("epoch") == 2
+            and crs.status("inferenceworkers", "w").get("phase") == "Ready"
+        ),
+        timeout=60,
+        what="epoch 2 Ready",
+    )
+    status = crs.status("inferenceworkers", "w")
+    assert status["restoreCount"] == 1
+    (pod,) = worker_pods(core, namespace, "w")
+    assert f"--import-cache={saved['location']}" in pod.spec.containers[0].args
+    # The next turn hits the cache for everything the checkpoint held.
+    after = turn(status["endpoint"], "sid-1", history, "continue")
+    assert cached(after) >= captured["tokens"] - 16, after["usage"]
+    assert "sessionfleet_restores_total 1.0" in operator.metrics()
+
+
+def test_periodic_checkpoints_skip_idle_workers_and_keep_the_newest(
+    operator: OperatorProcess, crs: Custom, tmp_path: Path
+) -> None:
+    crs.create(checkpointed_worker("w", tmp_path, interval="2s", retention=2))
+    ready_workers(crs, 1, operator)
+    endpoint = crs.status("inferenceworkers", "w")["endpoint"]
+    # An AgentSession bound here, so its activity tells the operator something changed.
+    crs.create(session("s0", workerPin="w"))
+    wait_until(crs.all_in_phase("agentsessions", "Bound", 1), timeout=30, what="bound")
+    assert crs.list("workercheckpoints") == [], "an idle worker is not checkpointed"
+
+    history = [{"role": "system", "content": SYSTEM}]
+    for step in range(4):
+        turn(endpoint, "id-s0", history, f"step {step}")
+        crs.api.patch_namespaced_custom_object_status(
+            "sessionfleet.dev",
+            "v1alpha1",
+            crs.namespace,
+            "agentsessions",
+            "s0",
+            {"status": {"lastActivity": _now()}},
+        )
+        wait_for(
+            operator,
+            lambda n=step: (
+                sum(
+                    1
+                    for c in crs.list("workercheckpoints")
+                    if (c.get("status") or {}).get("phase") == "Succeeded"
+                )
+                >= min(n + 1, 2)
+            ),
+            timeout=30,
+            what="a periodic checkpoint after activity",
+        )
+    names = [c["metadata"]["name"] for c in crs.list("workercheckpoints")]
+    assert all("-periodic-e1-" in n for n in names)
+    wait_until(lambda: len(crs.list("workercheckpoints")) <= 2, timeout=30, what="retention of 2")
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat().replace("+00:00", "Z")
+
+
+def test_drain_migrates_a_session_through_a_checkpoint(
+    operator: OperatorProcess,
+    crs: Custom,
+    core: Any,
+    namespace: str,
+    own_nodes: list[str],
+    kubectl: Kubectl,
+    tmp_path: Path,
+) -> None:
+    crs.create(drain_policy("move", mode="Migrate", deadline="5m"))
+    crs.create(on_own_nodes(checkpointed_worker("src", tmp_path), namespace, own_nodes[0]))
+    crs.create(on_own_nodes(checkpointed_worker("dst", tmp_path), namespace, own_nodes[1]))
+    ready_workers(crs, 2, operator)
+    crs.create(session("s0", workerPin="src"))
+    wait_until(crs.all_in_phase("agentsessions", "Bound", 1), timeout=30, what="bound")
+    source = crs.status("inferenceworkers", "src")["endpoint"]
+    history = [{"role": "system", "content": SYSTEM}]
+    for step in range(20):
+        last = turn(source, "id-s0", history, f"turn {step}")
+    assert cached(last) > 0.9 * last["usage"]["prompt_tokens"]
+
+    kubectl("cordon", own_nodes[0])
+    wait_for(
+        operator,
+        lambda: bound_to(crs) == {"s0": "dst"},
+        timeout=30,
+        what="the session moved to dst",
+    )
+    (move,) = crs.status("agentsessions", "s0")["migrations"]
+    assert move["reason"] == "Drain" and move["recomputedTokens"] == 0
+    drain_checkpoint = crs.status("workercheckpoints", move["checkpoint"])
+    assert drain_checkpoint["phase"] == "Succeeded"
+    assert "through checkpoint" in condition(crs.status("agentsessions", "s0"), "Ready")["message"]
+
+    target = crs.status("inferenceworkers", "dst")["endpoint"]
+    moved = turn(target, "id-s0", history, "next turn, on the new worker")
+    # Nearly the whole prefix comes from the imported blocks, not recomputed.
+    assert cached(moved) >= last["usage"]["prompt_tokens"] - 32, moved["usage"]
+    wait_until(
+        lambda: crs.status("inferenceworkers", "src").get("phase") == "Drained",
+        timeout=30,
+        what="src Drained",
+    )

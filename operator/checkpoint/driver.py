@@ -1,0 +1,69 @@
+"""The checkpoint driver interface, shared by the operator and the node agent."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from sessionfleet.api import CheckpointDriver, EngineType
+
+
+class DriverError(Exception):
+    """A checkpoint or restore was attempted and failed; the message says why."""
+
+
+class DriverUnavailable(DriverError):
+    """The driver cannot work here at all (capability missing); nothing was attempted."""
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointTarget:
+    """What to save or restore: one worker's engine, whole or a few of its sessions."""
+
+    namespace: str
+    worker: str
+    epoch: int
+    engine: EngineType
+    endpoint: str
+    """The engine's base URL, ``http://<podIP>:<port>``."""
+    location: str
+    """Where the checkpoint lives: a directory on shared storage, or a store's URL."""
+    pod: str | None = None
+    node: str | None = None
+    sessions: tuple[str, ...] = ()
+    """Only these sessions (per-session migration); empty: the whole worker."""
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointOutcome:
+    """What a save or a load did."""
+
+    location: str
+    seconds: float
+    size_bytes: int = 0
+    sessions: Mapping[str, int] = field(default_factory=dict)
+    """Session id to the prefix tokens it holds."""
+
+    @property
+    def total_tokens(self) -> int:
+        """Tokens captured over all sessions."""
+        return sum(self.sessions.values())
+
+
+class Driver(Protocol):
+    """Saves a worker's state and loads it into an engine or a new pod."""
+
+    name: CheckpointDriver
+
+    async def save(self, target: CheckpointTarget) -> CheckpointOutcome:
+        """Write the target's state to ``target.location``."""
+        ...
+
+    async def load(self, target: CheckpointTarget) -> CheckpointOutcome:
+        """Load the state at ``target.location`` into the running engine at the target."""
+        ...
+
+    def restore_args(self, engine: EngineType, location: str) -> list[str]:
+        """Extra engine arguments that make a new pod start from ``location``."""
+        ...
