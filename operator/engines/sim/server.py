@@ -127,7 +127,7 @@ ENGINE_KEY: Final = web.AppKey("engine", SimEngine)
 
 
 def _directory_bytes(directory: Path) -> int:
-    """The bytes of the files a snapshot wrote (its size on storage)."""
+    """Return the bytes of the files a snapshot wrote (its size on storage)."""
     return sum(f.stat().st_size for f in directory.iterdir() if f.is_file())
 
 
