@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import timedelta
 
+from sessionfleet.policy.handshake import DEFAULT_ACK_TIMEOUT
 from sessionfleet.policy.recovery import DEFAULT_NODE_NOT_READY_TOLERATION
 from sessionfleet.policy.sessions import DEFAULT_IDLE_TIMEOUT
 from sessionfleet.resources.pods import EngineImages
@@ -25,6 +26,8 @@ class OperatorConfig:
     """How often each Ready worker's engine metrics are read."""
     scrape_timeout_seconds: float = 3.0
     max_concurrent_writes: int = 16
+    ack_timeout: timedelta = DEFAULT_ACK_TIMEOUT
+    """The longest a migration waits for router acknowledgements before moving anyway."""
     metrics_port: int = 8080
     health_port: int = 8081
     images: EngineImages = field(default_factory=EngineImages)

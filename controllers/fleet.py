@@ -27,6 +27,7 @@ from sessionfleet.controllers.config import OperatorConfig
 from sessionfleet.controllers.records import Key, PolicyRecord, WorkerRecord, resource_version
 from sessionfleet.kube import Kube
 from sessionfleet.policy.checkpoint import CheckpointState
+from sessionfleet.policy.handshake import RouterLease
 from sessionfleet.policy.observed import NodeState, PodState
 from sessionfleet.policy.placement import WorkerLoad
 from sessionfleet.policy.sessions import SessionState
@@ -65,17 +66,36 @@ class Freshness:
 
 @dataclass
 class BindingLedger:
-    """Bindings written but not yet observed, counted per worker."""
+    """Bindings written but not yet observed, counted per worker.
+
+    The counts are kept as bindings are added and settled, so that placing a session
+    costs nothing per binding in flight: in a burst there are thousands.
+    """
 
     pending: dict[Key, tuple[str, int]] = field(default_factory=dict)
+    unseen: Counter[Key] = field(default_factory=Counter)
+    """Pending bindings per (namespace, worker)."""
 
     def add(self, session: Key, worker: str, tokens: int) -> None:
         """Record a binding we just wrote."""
+        self.settle(session)
         self.pending[session] = (worker, tokens)
+        self.unseen[(session[0], worker)] += 1
 
     def settle(self, session: Key) -> None:
         """Forget a binding the index now shows."""
-        self.pending.pop(session, None)
+        entry = self.pending.pop(session, None)
+        if entry is not None:
+            worker = (session[0], entry[0])
+            self.unseen[worker] -= 1
+            if self.unseen[worker] <= 0:
+                del self.unseen[worker]
+
+    def observe(self, session: Key, worker: str | None) -> None:
+        """Settle the session's binding once the watch shows it bound where we wrote."""
+        entry = self.pending.get(session)
+        if entry is not None and entry[0] == worker:
+            self.settle(session)
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +121,7 @@ class Fleet:
     sessions: Store | None = None
     session_workers: Store | None = None
     checkpoints: Store | None = None
+    router_leases: Store | None = None
     nodes: Store | None = None
     policies: Store | None = None
     wakeup: asyncio.Event = field(default_factory=asyncio.Event)
@@ -111,10 +132,19 @@ class Fleet:
     holds: dict[Key, frozenset[HoldMechanism]] = field(default_factory=dict)
     pod_holds: dict[str, frozenset[HoldMechanism]] = field(default_factory=dict)
     busy_sessions: set[Key] = field(default_factory=set)
+    deleted_sessions: dict[Key, int] = field(default_factory=dict)
+    """Sessions we deleted, with their resourceVersion, until the index drops them."""
     drivers: dict[CheckpointDriver, Driver] = field(default_factory=dict)
     running_checkpoints: set[Key] = field(default_factory=set)
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
     writes: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(16))
+
+    def forget_deleted(self) -> None:
+        """Drop the deleted sessions the index no longer shows (or shows created anew)."""
+        for key, version in list(self.deleted_sessions.items()):
+            seen = self.session(*key)
+            if seen is None or seen.resource_version > version:
+                del self.deleted_sessions[key]
 
     # --- reads --------------------------------------------------------------------
 
@@ -146,6 +176,10 @@ class Fleet:
         """Return the worker's WorkerCheckpoints."""
         return list(self.checkpoints.get(key, ())) if self.checkpoints is not None else []
 
+    def routers(self) -> list[RouterLease]:
+        """Return the router replicas' Leases, live or not."""
+        return list(self.router_leases.get("routers", ())) if self.router_leases else []
+
     def sessions_of(self, key: Key) -> list[SessionState]:
         """Return the sessions whose status binds them to the worker."""
         return list(self.session_workers.get(key, ())) if self.session_workers else []
@@ -174,16 +208,10 @@ class Fleet:
         return [s for s in sessions if s.namespace == namespace and s.session_id == session_id]
 
     def loads(self, namespace: str) -> list[WorkerLoad]:
-        """Return placement's view of the namespace's workers, unseen bindings added."""
-        extra: Counter[str] = Counter()
-        for key, (worker, _tokens) in list(self.ledger.pending.items()):
-            if key[0] != namespace:
-                continue
-            seen = self.session(*key)
-            if seen is not None and seen.worker == worker:
-                self.ledger.settle(key)  # the index shows it now
-            else:
-                extra[worker] += 1
+        """Return placement's view of the namespace's workers, unseen bindings added.
+
+        Session events settle the ledger as the watch shows each binding.
+        """
         loads = []
         for record in self.all_workers():
             if record.namespace != namespace or record.worker is None:
@@ -196,7 +224,7 @@ class Fleet:
                     name=record.name,
                     model=spec.model,
                     ready=status.phase is WorkerPhase.READY and not spec.drain,
-                    pinned_sessions=len(pinned) + extra[record.name],
+                    pinned_sessions=len(pinned) + self.ledger.unseen[record.key],
                     max_sessions=spec.capacity.max_sessions,
                     kv_tokens_capacity=spec.capacity.kv_tokens,
                     kv_tokens_pinned=sum(s.context_tokens for s in pinned),

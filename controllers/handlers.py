@@ -19,11 +19,13 @@ from sessionfleet.controllers import loop
 from sessionfleet.controllers.fleet import Fleet
 from sessionfleet.controllers.records import (
     checkpoint_record,
+    lease_record,
     policy_record,
     session_record,
     worker_record,
 )
 from sessionfleet.controllers.sessions import reconcile_session
+from sessionfleet.policy.handshake import ROUTER_COMPONENT, ROUTER_COMPONENT_LABEL
 from sessionfleet.policy.observed import node_state, pod_state
 from sessionfleet.resources.labels import EPOCH_LABEL, KOPF_PREFIX, WORKER_LABEL
 
@@ -51,7 +53,11 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
     settings.watching.client_timeout = 330
     settings.watching.label_selectors["pods"] = WORKER_LABEL
     settings.execution.max_workers = 8
-    settings.queueing.worker_limit = 256
+    # Kopf keeps an object's worker for idle_timeout (5 s) after its last event, so a
+    # limit below the number of objects changing at once caps throughput at about
+    # limit / 5 s objects per second and queues the rest (STYLE.md: the limit goes above
+    # the indexed count). Session writes are bounded by Fleet.writes instead.
+    settings.queueing.worker_limit = None
     settings.networking.error_backoffs = [1, 2, 5, 10, 30]
     fleet.workers = kwargs["worker_index"]
     fleet.worker_pods = kwargs["pod_index"]
@@ -60,6 +66,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
     fleet.nodes = kwargs["node_index"]
     fleet.policies = kwargs["policy_index"]
     fleet.checkpoints = kwargs["checkpoint_index"]
+    fleet.router_leases = kwargs["router_lease_index"]
     memo["loop"] = asyncio.create_task(loop.run(fleet), name="fleet loop")
     memo["scraper"] = asyncio.create_task(loop.scrape_forever(fleet), name="engine scraper")
 
@@ -94,13 +101,15 @@ async def stop(memo: kopf.Memo, **_: Any) -> None:
 
 
 @kopf.index(*WORKERS)
-def worker_index(body: kopf.Body, namespace: str | None, name: str, **_: Any) -> dict[Any, Any]:
+async def worker_index(
+    body: kopf.Body, namespace: str | None, name: str, **_: Any
+) -> dict[Any, Any]:
     """InferenceWorkers by (namespace, name)."""
     return {(namespace, name): worker_record(body)}
 
 
 @kopf.index("", "v1", "pods", labels={WORKER_LABEL: kopf.PRESENT})
-def pod_index(
+async def pod_index(
     body: kopf.Body, namespace: str | None, labels: kopf.Labels, **_: Any
 ) -> dict[Any, Any]:
     """Worker pods by (namespace, worker)."""
@@ -108,35 +117,48 @@ def pod_index(
 
 
 @kopf.index(*SESSIONS)
-def session_index(body: kopf.Body, namespace: str | None, name: str, **_: Any) -> dict[Any, Any]:
+async def session_index(
+    body: kopf.Body, namespace: str | None, name: str, **_: Any
+) -> dict[Any, Any]:
     """AgentSessions by (namespace, name)."""
     return {(namespace, name): session_record(body)}
 
 
 @kopf.index(*SESSIONS)
-def session_worker_index(body: kopf.Body, namespace: str | None, **_: Any) -> dict[Any, Any]:
+async def session_worker_index(body: kopf.Body, namespace: str | None, **_: Any) -> dict[Any, Any]:
     """AgentSessions by (namespace, bound worker); unbound ones are not indexed."""
     state = session_record(body)
     return {(namespace, state.worker): state} if state.worker else {}
 
 
 @kopf.index("", "v1", "nodes")
-def node_index(body: kopf.Body, name: str, **_: Any) -> dict[Any, Any]:
+async def node_index(body: kopf.Body, name: str, **_: Any) -> dict[Any, Any]:
     """Nodes by name, reduced to readiness, cordon and taints."""
     return {name: node_state(body)}
 
 
 @kopf.index(*POLICIES)
-def policy_index(body: kopf.Body, namespace: str | None, **_: Any) -> dict[Any, Any]:
+async def policy_index(body: kopf.Body, namespace: str | None, **_: Any) -> dict[Any, Any]:
     """DrainPolicies by namespace."""
     return {namespace: policy_record(body)}
 
 
 @kopf.index(*CHECKPOINTS)
-def checkpoint_index(body: kopf.Body, namespace: str | None, **_: Any) -> dict[Any, Any]:
+async def checkpoint_index(body: kopf.Body, namespace: str | None, **_: Any) -> dict[Any, Any]:
     """WorkerCheckpoints by (namespace, worker)."""
     state = checkpoint_record(body)
     return {(namespace, state.worker): state} if state is not None else {}
+
+
+@kopf.index(
+    "coordination.k8s.io",
+    "v1",
+    "leases",
+    labels={ROUTER_COMPONENT_LABEL: ROUTER_COMPONENT},
+)
+def router_lease_index(body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    """Router replicas' Leases: the replicas a migration waits for."""
+    return {"routers": lease_record(body)}
 
 
 # --- events ---------------------------------------------------------------------------
@@ -151,42 +173,51 @@ def _wake(memo: kopf.Memo) -> None:
 
 
 @kopf.on.event(*WORKERS)
-def worker_event(memo: kopf.Memo, **_: Any) -> None:
+async def worker_event(memo: kopf.Memo, **_: Any) -> None:
     """Wake the loop: a worker changed."""
     _wake(memo)
 
 
 @kopf.on.event("", "v1", "pods", labels={WORKER_LABEL: kopf.PRESENT})
-def pod_event(memo: kopf.Memo, **_: Any) -> None:
+async def pod_event(memo: kopf.Memo, **_: Any) -> None:
     """Wake the loop: a worker pod changed."""
     _wake(memo)
 
 
 @kopf.on.event("", "v1", "nodes")
-def node_event(memo: kopf.Memo, **_: Any) -> None:
+async def node_event(memo: kopf.Memo, **_: Any) -> None:
     """Wake the loop: a node changed (cordons, taints and readiness start drains)."""
     _wake(memo)
 
 
 @kopf.on.event(*CHECKPOINTS)
-def checkpoint_event(memo: kopf.Memo, **_: Any) -> None:
+async def checkpoint_event(memo: kopf.Memo, **_: Any) -> None:
     """Wake the loop: a WorkerCheckpoint changed (a user may have asked for one)."""
     _wake(memo)
 
 
 @kopf.on.event(*POLICIES)
-def policy_event(memo: kopf.Memo, **_: Any) -> None:
+async def policy_event(memo: kopf.Memo, **_: Any) -> None:
     """Wake the loop: a DrainPolicy changed."""
     _wake(memo)
 
 
 @kopf.on.event(*SESSIONS)
-async def session_event(memo: kopf.Memo, event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
+async def session_event(
+    memo: kopf.Memo,
+    event: kopf.RawEvent,
+    body: kopf.Body,
+    namespace: str | None,
+    name: str,
+    **_: Any,
+) -> None:
     """Bind a new session at once; for any other change, wake the loop."""
     _wake(memo)
-    if event.get("type") == "DELETED":
-        return
     fleet: Fleet = memo["fleet"]
+    if event.get("type") == "DELETED":
+        fleet.ledger.settle((namespace or "", name))
+        return
     state = session_record(body)
+    fleet.ledger.observe(state.key, state.worker)  # the index shows this event now
     if state.worker is None and state.phase is None and not state.finished:
         await reconcile_session(fleet, state, loop.utcnow())

@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sessionfleet.api import SessionPhase, WorkerPhase
 from sessionfleet.controllers import metrics
 from sessionfleet.controllers.fleet import EngineStats, Fleet
-from sessionfleet.controllers.sessions import reconcile_session
+from sessionfleet.controllers.sessions import next_step, reconcile_session
 from sessionfleet.controllers.workers import reconcile_worker
 from sessionfleet.kube import KubeError
 
@@ -47,9 +47,13 @@ async def _bounded(fleet: Fleet, jobs: Iterable[Awaitable[None]]) -> None:
 
 async def reconcile_once(fleet: Fleet, now: datetime) -> None:
     """Reconcile every worker, then every session."""
+    fleet.forget_deleted()
     await _bounded(fleet, (reconcile_worker(fleet, r, now) for r in fleet.all_workers()))
-    sessions = sorted(fleet.all_sessions(), key=lambda s: (s.created_at or now, s.name))
-    await _bounded(fleet, (reconcile_session(fleet, s, now) for s in sessions))
+    # Most sessions need nothing on most passes: decide without a task for each, and start
+    # tasks only for those with a step to take (decided again when its turn comes).
+    due = [s for s in fleet.all_sessions() if next_step(fleet, s, now) is not None]
+    due.sort(key=lambda s: (s.created_at or now, s.name))
+    await _bounded(fleet, (reconcile_session(fleet, s, now) for s in due))
     _export_gauges(fleet)
 
 

@@ -22,6 +22,7 @@ from sessionfleet.api import (
 from sessionfleet.api.checkpoint import WorkerCheckpoint
 from sessionfleet.api.drainpolicy import DrainPolicy
 from sessionfleet.policy.checkpoint import CheckpointState
+from sessionfleet.policy.handshake import RouterLease, acks_of
 from sessionfleet.policy.sessions import SessionState
 
 Key = tuple[str, str]
@@ -115,6 +116,8 @@ def session_record(body: Mapping[str, Any]) -> SessionState:
         turns=status.turns or 0,
         recomputed_tokens=status.recomputed_tokens or 0,
         migrations=tuple(m.wire() for m in status.migrations),
+        migrating_since=status.migrating_since,
+        acks=tuple(sorted(acks_of(session.metadata.annotations).items())),
         resource_version=resource_version(body),
     )
 
@@ -165,4 +168,15 @@ def checkpoint_record(body: Mapping[str, Any]) -> CheckpointState | None:
         driver=spec.driver,
         destination=spec.destination,
         resource_version=resource_version(body),
+    )
+
+
+def lease_record(body: Mapping[str, Any]) -> RouterLease:
+    """Reduce a router replica's coordination.k8s.io Lease to what the handshake needs."""
+    spec = body.get("spec") or {}
+    renewed = spec.get("renewTime") or spec.get("acquireTime")
+    return RouterLease(
+        holder=str(spec.get("holderIdentity") or (body.get("metadata") or {}).get("name", "")),
+        renewed_at=datetime.fromisoformat(str(renewed).replace("Z", "+00:00")) if renewed else None,
+        duration_seconds=int(spec.get("leaseDurationSeconds") or 15),
     )

@@ -63,6 +63,12 @@ def add_parser(commands: Any) -> None:
         default=DEFAULTS.scrape_interval_seconds,
         help="seconds between engine metric scrapes (default 15)",
     )
+    parser.add_argument(
+        "--ack-timeout",
+        type=_duration,
+        default=DEFAULTS.ack_timeout,
+        help="longest a migration waits for every router replica to acknowledge (default 30s)",
+    )
     parser.add_argument("--metrics-port", type=int, default=DEFAULTS.metrics_port)
     parser.add_argument("--health-port", type=int, default=DEFAULTS.health_port)
     parser.add_argument("--vllm-image", default=DEFAULTS.images.vllm)
@@ -79,6 +85,7 @@ def _run(args: argparse.Namespace) -> int:
         node_not_ready_toleration=args.node_not_ready_toleration,
         resync_seconds=args.resync,
         scrape_interval_seconds=args.scrape_interval,
+        ack_timeout=args.ack_timeout,
         metrics_port=args.metrics_port,
         health_port=args.health_port,
         images=EngineImages(vllm=args.vllm_image, sim=args.sim_image),

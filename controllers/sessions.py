@@ -27,6 +27,7 @@ from sessionfleet.controllers.fleet import Fleet
 from sessionfleet.controllers.records import WorkerRecord
 from sessionfleet.controllers.status import iso
 from sessionfleet.kube import SESSIONS, KubeError, NotFound
+from sessionfleet.policy.handshake import handshake
 from sessionfleet.policy.placement import PlacementRequest, place
 from sessionfleet.policy.sessions import (
     Action,
@@ -51,9 +52,12 @@ def _ready_condition(ready: bool, reason: Reason, message: str, now: datetime) -
 
 async def _patch_status(fleet: Fleet, session: SessionState, status: dict[str, Any]) -> bool:
     try:
-        body = await fleet.kube.patch(
-            SESSIONS, session.name, {"status": status}, session.namespace, status=True
-        )
+        # Session writes are bounded: a burst then queues here, not in the HTTP client's
+        # connection pool, whose bookkeeping costs grow with its queue (encode/httpcore#1035).
+        async with fleet.writes:
+            body = await fleet.kube.patch(
+                SESSIONS, session.name, {"status": status}, session.namespace, status=True
+            )
     except NotFound:
         return False
     metrics.API_WRITES.labels("patch", "agentsessions/status").inc()
@@ -71,16 +75,25 @@ def _brief(fleet: Fleet, session: SessionState) -> WorkerBrief | None:
     return WorkerBrief(record.name, status.phase, status.epoch, status.pod)
 
 
-async def reconcile_session(fleet: Fleet, session: SessionState, now: datetime) -> None:
-    """Take the next step for one session, if it needs one."""
+def next_step(fleet: Fleet, session: SessionState, now: datetime) -> SessionDecision | None:
+    """Return the step the session needs now, or None. No I/O: the loop filters with it."""
     key = session.key
     if key in fleet.busy_sessions or fleet.freshness.is_stale(key, session.resource_version):
-        return
+        return None
+    if fleet.deleted_sessions.get(key, -1) >= session.resource_version:
+        return None  # we deleted it; the index shows it until the watch reports that
     if session.worker is not None:
         fleet.ledger.settle(key)
     decision = decide_session(session, _brief(fleet, session), now, fleet.config.idle_timeout)
-    if decision.action is Action.NOTHING:
+    return None if decision.action is Action.NOTHING else decision
+
+
+async def reconcile_session(fleet: Fleet, session: SessionState, now: datetime) -> None:
+    """Take the next step for one session, if it needs one."""
+    decision = next_step(fleet, session, now)
+    if decision is None:
         return
+    key = session.key
     fleet.busy_sessions.add(key)
     try:
         await _act(fleet, session, decision, now)
@@ -97,10 +110,14 @@ async def _act(
         await bind(fleet, session, now)
     elif decision.action is Action.DELETE:
         try:
-            await fleet.kube.delete(SESSIONS, session.name, session.namespace)
+            async with fleet.writes:
+                await fleet.kube.delete(SESSIONS, session.name, session.namespace)
             metrics.API_WRITES.labels("delete", "agentsessions").inc()
         except NotFound:
             pass
+        # Until the watch reports the deletion, every pass of the loop would find the
+        # session Finished past its TTL and delete it again: one 404 DELETE per pass.
+        fleet.deleted_sessions[session.key] = session.resource_version
     elif decision.action is Action.UPDATE and decision.phase is not None:
         status: dict[str, Any] = {
             "phase": decision.phase.value,
@@ -200,6 +217,8 @@ async def migrate_sessions(
             continue
         if fleet.freshness.is_stale(session.key, session.resource_version):
             continue
+        if not await _turn_boundary(fleet, session, source.name, now):
+            continue
         placement = place(
             PlacementRequest(
                 model=session.model,
@@ -225,6 +244,48 @@ async def migrate_sessions(
             await _rebind(fleet, session, source.name, target, why, saved if loaded else None, now)
     finally:
         fleet.busy_sessions.difference_update(keys)
+
+
+async def _turn_boundary(fleet: Fleet, session: SessionState, source: str, now: datetime) -> bool:
+    """Whether the session is between turns on every router; start the handshake if not.
+
+    A Bound session is marked Migrating (routers hold its next turn); a Migrating one may
+    move once every live router replica has acknowledged, or after the bound wait.
+    """
+    if session.phase is not SessionPhase.MIGRATING or session.migrating_since is None:
+        await _patch_status(
+            fleet,
+            session,
+            {
+                "phase": SessionPhase.MIGRATING.value,
+                "migratingSince": iso(now),
+                "conditions": [
+                    _ready_condition(
+                        False,
+                        Reason.MIGRATING,
+                        f"worker {source} drains: turns are held until the routers acknowledge",
+                        now,
+                    )
+                ],
+            },
+        )
+        return False
+    state = handshake(
+        session.migrating_since,
+        iso(session.migrating_since) or "",
+        dict(session.acks),
+        fleet.routers(),
+        now,
+        fleet.config.ack_timeout,
+    )
+    if state.timed_out:
+        log.warning(
+            "session %s: routers %s did not acknowledge within %s; moving it anyway",
+            session.key,
+            ", ".join(state.waiting_for),
+            fleet.config.ack_timeout,
+        )
+    return state.ready
 
 
 async def _save_for_migration(
@@ -300,6 +361,7 @@ async def _rebind(
             "pod": status.pod if status else None,
             "epoch": status.epoch if status else None,
             "boundAt": iso(now),
+            "migratingSince": None,
             "migrations": [*session.migrations, migration],
             "conditions": [
                 _ready_condition(

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from kubernetes import client
 
 from e2e.helpers import Kubectl, wait_until
 from e2e.localcluster import container_id_pid
@@ -215,3 +217,56 @@ def test_drain_migrates_a_session_through_a_checkpoint(
         timeout=30,
         what="src Drained",
     )
+
+
+def test_a_migration_waits_for_every_live_router_to_acknowledge(
+    operator: OperatorProcess,
+    crs: Custom,
+    core: Any,
+    namespace: str,
+    own_nodes: list[str],
+    kubectl: Kubectl,
+    tmp_path: Path,
+) -> None:
+    coordination = client.CoordinationV1Api(core.api_client)
+    coordination.create_namespaced_lease(
+        namespace,
+        {
+            "metadata": {"name": "router-r1", "labels": {"sessionfleet.dev/component": "router"}},
+            "spec": {
+                "holderIdentity": "r1",
+                "leaseDurationSeconds": 600,
+                "renewTime": datetime.now(UTC).isoformat().replace("+00:00", "Z"),
+            },
+        },
+    )
+    crs.create(drain_policy("move", mode="Migrate", deadline="5m"))
+    crs.create(on_own_nodes(checkpointed_worker("src", tmp_path), namespace, own_nodes[0]))
+    crs.create(on_own_nodes(checkpointed_worker("dst", tmp_path), namespace, own_nodes[1]))
+    ready_workers(crs, 2, operator)
+    crs.create(session("s0", workerPin="src"))
+    wait_until(crs.all_in_phase("agentsessions", "Bound", 1), timeout=30, what="bound")
+
+    kubectl("cordon", own_nodes[0])
+    wait_for(
+        operator,
+        lambda: crs.status("agentsessions", "s0").get("phase") == "Migrating",
+        timeout=30,
+        what="the session Migrating",
+    )
+    since = crs.status("agentsessions", "s0")["migratingSince"]
+    time.sleep(3)
+    assert bound_to(crs) == {"s0": "src"}, "no move before router r1 acknowledges"
+    crs.patch(
+        "agentsessions",
+        "s0",
+        {"metadata": {"annotations": {"ack.sessionfleet.dev/r1": since}}},
+    )
+    wait_for(
+        operator,
+        lambda: bound_to(crs) == {"s0": "dst"},
+        timeout=30,
+        what="the session moved after the acknowledgement",
+    )
+    status = crs.status("agentsessions", "s0")
+    assert status["phase"] == "Bound" and "migratingSince" not in status

@@ -69,6 +69,22 @@ READY = WorkerBrief("w", WorkerPhase.READY, 1, "w-1")
         ),
         (replace(BOUND, phase=SessionPhase.LOST), None, Action.NOTHING, None, None),
         (replace(NEW, invalid="spec.model: required"), None, Action.NOTHING, None, None),
+        # a migrating session waits for the drain to move it ...
+        (
+            replace(BOUND, phase=SessionPhase.MIGRATING),
+            WorkerBrief("w", WorkerPhase.DRAINING, 1, "w-1"),
+            Action.NOTHING,
+            None,
+            None,
+        ),
+        # ... and stays if the drain ends first
+        (
+            replace(BOUND, phase=SessionPhase.MIGRATING),
+            READY,
+            Action.UPDATE,
+            SessionPhase.BOUND,
+            Reason.BOUND,
+        ),
     ],
 )
 def test_decide_session(

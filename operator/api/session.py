@@ -142,6 +142,14 @@ class AgentSessionStatus(ApiModel):
     pod: str | None = Field(default=None, description="The worker's pod at binding time.")
     epoch: int | None = Field(default=None, ge=0, description="The worker's epoch at binding.")
     bound_at: datetime | None = Field(default=None, description="When the session was bound.")
+    migrating_since: datetime | None = Field(
+        default=None,
+        description=(
+            "While Migrating: when the move was asked for. Each live router replica "
+            "acknowledges it, once no turn of the session is in flight, by setting the "
+            "annotation ack.sessionfleet.dev/<replica> to this timestamp."
+        ),
+    )
     finished_at: datetime | None = Field(default=None, description="When the session finished.")
     turns: int | None = Field(default=None, ge=0, description="Turns served.")
     prompt_tokens: int | None = Field(default=None, ge=0, description="Prompt tokens, all turns.")

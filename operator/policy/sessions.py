@@ -43,6 +43,9 @@ class SessionState:
     turns: int = 0
     recomputed_tokens: int = 0
     migrations: tuple[dict[str, Any], ...] = ()
+    migrating_since: datetime | None = None
+    acks: tuple[tuple[str, str], ...] = ()
+    """Router acknowledgements of the current migration: (replica, migratingSince)."""
     invalid: str | None = None
     resource_version: int = 0
 
@@ -138,6 +141,15 @@ def decide_session(
             SessionPhase.LOST,
             Reason.WORKER_DELETED,
             f"worker {session.worker} was deleted; the session's cache is gone",
+        )
+    if session.phase is SessionPhase.MIGRATING:
+        if worker.phase is WorkerPhase.DRAINING:
+            return NOTHING  # the drain moves it once the routers have acknowledged
+        return SessionDecision(
+            Action.UPDATE,
+            SessionPhase.BOUND,
+            Reason.BOUND,
+            f"the drain of worker {worker.name} ended; the session stays",
         )
     if worker.phase is WorkerPhase.RECOVERING:
         if session.phase is SessionPhase.RESTORING:
