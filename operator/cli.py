@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from sessionfleet._version import __version__
+from sessionfleet.agent import cli as agent_cli
 from sessionfleet.api.crd import render_crds
 from sessionfleet.controllers import run as operator_cli
 from sessionfleet.engines.sim import cli as sim_engine_cli
@@ -87,6 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     sim_engine_cli.add_parser(commands)
     operator_cli.add_parser(commands)
     fleetsim_cli.add_parser(commands)
+    agent_cli.add_parser(commands)
     return parser
 
 

@@ -1,0 +1,147 @@
+"""``sessionfleet agent``: the node agent (GPU telemetry and the ``criu`` driver's endpoint)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import socket
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sessionfleet.agent.server import AgentSettings
+    from sessionfleet.kube import Kube
+
+DESCRIPTION = """\
+Runs on every GPU node (a DaemonSet with hostPID). Serves NVML telemetry per GPU and
+per process, each process mapped to its pod through its cgroup, as Prometheus metrics
+on /metrics; where NVML is absent it says so once and keeps serving. Hosts the criu
+checkpoint driver's endpoint: GET /capability says whether this node can checkpoint
+GPU processes (NVIDIA driver >= 570, CRIU >= 4.0, root) and why not; POST /checkpoint
+and POST /restore, which need the --token-file secret. See docs/checkpoints.md.
+"""
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, not {value}")
+    return value
+
+
+def add_parser(commands: Any) -> argparse.ArgumentParser:
+    """Add the ``agent`` subcommand to ``commands`` (an argparse subparsers object)."""
+    parser: argparse.ArgumentParser = commands.add_parser(
+        "agent",
+        help="run the node agent (GPU telemetry, criu checkpoint endpoint)",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--host", default="0.0.0.0", help="address to bind (default: 0.0.0.0)")
+    parser.add_argument("--port", type=int, default=9400, help="port to bind (default: 9400)")
+    parser.add_argument(
+        "--node-name",
+        default=None,
+        help="this node's name, a label on every metric (default: $NODE_NAME, else the host name)",
+    )
+    parser.add_argument(
+        "--interval",
+        type=_positive_float,
+        default=10.0,
+        help="seconds between GPU samples (default: 10)",
+    )
+    parser.add_argument(
+        "--token-file",
+        type=Path,
+        default=None,
+        help="file holding the bearer token that POST /checkpoint and /restore require; "
+        "without it those endpoints are disabled",
+    )
+    parser.add_argument(
+        "--kubeconfig",
+        default=None,
+        help="read this node's pods for namespace and name labels with this kubeconfig "
+        "(default: the in-cluster config inside a pod, else no names: pod UIDs only)",
+    )
+    parser.add_argument("--criu", default="criu", help="the criu command (default: criu)")
+    parser.add_argument(
+        "--proc", type=Path, default=Path("/proc"), help="the host's /proc (default: /proc)"
+    )
+    parser.add_argument(
+        "--capability-ttl",
+        type=_positive_float,
+        default=300.0,
+        help="seconds a capability probe is reused (default: 300)",
+    )
+    parser.add_argument("--log-level", default="INFO", help="logging level (default: INFO)")
+    parser.set_defaults(func=run)
+    return parser
+
+
+def settings_from_args(args: argparse.Namespace) -> AgentSettings:
+    """Return the agent's settings from the parsed flags; reads the token file."""
+    from sessionfleet.agent.server import AgentSettings
+
+    token = args.token_file.read_text().strip() if args.token_file else None
+    if args.token_file and not token:
+        raise ValueError(f"{args.token_file} is empty")
+    return AgentSettings(
+        node=args.node_name or os.environ.get("NODE_NAME") or socket.gethostname(),
+        host=args.host,
+        port=args.port,
+        interval=args.interval,
+        capability_ttl=args.capability_ttl,
+        token=token,
+        proc=args.proc,
+        criu=args.criu,
+    )
+
+
+def _kube(kubeconfig: str | None) -> Kube | None:
+    """Return a Kube client when one can be configured, else ``None`` (pod UIDs only)."""
+    from sessionfleet.kube import Kube, KubeConfig
+
+    if kubeconfig is None and not os.environ.get("KUBERNETES_SERVICE_HOST"):
+        return None
+    try:
+        return Kube(KubeConfig.load(kubeconfig), user_agent="sessionfleet-agent")
+    except Exception as error:  # the kubernetes loader raises many kinds
+        logging.getLogger(__name__).warning(
+            "no Kubernetes access (%s): process metrics carry pod UIDs only", error
+        )
+        return None
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the ``agent`` subcommand; return the exit status."""
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    # The server's dependencies are imported only when it runs.
+    from sessionfleet.agent.server import Agent, serve
+
+    try:
+        settings = settings_from_args(args)
+    except (OSError, ValueError) as error:
+        print(f"agent: cannot read the token file: {error}", file=sys.stderr)
+        return 2
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stop.set)
+        await serve(Agent(settings, kube=_kube(args.kubeconfig)), stop)
+
+    try:
+        asyncio.run(main())
+    except OSError as error:
+        print(f"agent: cannot serve on {args.host}:{args.port}: {error}", file=sys.stderr)
+        return 1
+    return 0

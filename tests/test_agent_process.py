@@ -1,0 +1,202 @@
+"""``sessionfleet agent`` as a real process on 127.0.0.1, on this machine without a GPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from sessionfleet.api import EngineType
+from sessionfleet.checkpoint.criu import CriuDriver
+from sessionfleet.checkpoint.driver import CheckpointTarget, DriverUnavailable
+from sessionfleet.cli import build_parser
+from sessionfleet.kube import Kube, KubeConfig
+
+SESSIONFLEET = Path(sys.executable).with_name("sessionfleet")
+HOST = "127.0.0.1"
+TOKEN = "t0ken"
+HAS_NVIDIA_DRIVER = Path("/proc/driver/nvidia/version").exists()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind((HOST, 0))
+        return int(sock.getsockname()[1])
+
+
+def get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+def post(url: str, body: dict[str, Any], token: str | None = None) -> tuple[int, dict[str, Any]]:
+    headers = {"Content-Type": "application/json"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    request = urllib.request.Request(url, json.dumps(body).encode(), headers)
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+class Running:
+    def __init__(self, process: subprocess.Popen[str], url: str) -> None:
+        self.process = process
+        self.url = url
+
+    def stop(self) -> str:
+        """SIGTERM, wait, and return stderr."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            _, stderr = self.process.communicate(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            _, stderr = self.process.communicate(timeout=15)
+        return stderr
+
+
+@pytest.fixture
+def agent(tmp_path: Path) -> Iterator[Running]:
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    port = free_port()
+    process = subprocess.Popen(
+        [
+            str(SESSIONFLEET),
+            "agent",
+            f"--host={HOST}",
+            f"--port={port}",
+            "--node-name=test-node",
+            "--interval=0.2",
+            f"--token-file={token_file}",
+            # Whatever this machine has, the criu the agent looks for is absent.
+            "--criu=criu-absent-on-purpose",
+        ],
+        env={
+            **{k: v for k, v in os.environ.items() if k != "KUBERNETES_SERVICE_HOST"},
+            "PYTHONSAFEPATH": "1",
+        },
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    running = Running(process, f"http://{HOST}:{port}")
+    deadline = time.monotonic() + 30
+    while True:
+        if process.poll() is not None:
+            raise AssertionError(f"the agent exited with {process.returncode}: {running.stop()}")
+        try:
+            if get(f"{running.url}/healthz")[0] == 200:
+                break
+        except (urllib.error.URLError, ConnectionError):
+            pass
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the agent did not answer within 30 s: {running.stop()}")
+        time.sleep(0.1)
+    yield running
+    running.stop()
+
+
+def test_flags_and_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sessionfleet.agent.cli import settings_from_args
+
+    monkeypatch.setenv("NODE_NAME", "from-env")
+    settings = settings_from_args(build_parser().parse_args(["agent"]))
+    assert (settings.node, settings.host, settings.port, settings.token) == (
+        "from-env",
+        "0.0.0.0",
+        9400,
+        None,
+    )
+    args = build_parser().parse_args(["agent", "--node-name=n1", "--port=9500", "--host=::"])
+    assert (settings_from_args(args).node, settings_from_args(args).port) == ("n1", 9500)
+
+
+def test_an_empty_token_file_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "token").write_text("\n")
+    done = subprocess.run(
+        [str(SESSIONFLEET), "agent", f"--token-file={tmp_path / 'token'}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONSAFEPATH": "1"},
+    )
+    assert done.returncode == 2 and "is empty" in done.stderr
+
+
+def test_metrics_capability_and_the_nvml_absent_path(agent: Running) -> None:
+    time.sleep(1.0)  # several sampling rounds at --interval=0.2
+    status, metrics = get(f"{agent.url}/metrics")
+    assert status == 200
+    nvml = 1.0 if HAS_NVIDIA_DRIVER else 0.0
+    assert f'sessionfleet_agent_nvml_available{{node="test-node"}} {nvml}' in metrics
+    assert 'sessionfleet_agent_checkpoint_capable{node="test-node"} 0.0' in metrics
+
+    status, text = get(f"{agent.url}/capability")
+    capability = json.loads(text)
+    assert status == 200 and capability["ok"] is False and capability["node"] == "test-node"
+    reasons = capability["reasons"]
+    assert any(r.startswith("criu is not installed") for r in reasons)
+    assert any(r.startswith("no NVIDIA driver") for r in reasons) != HAS_NVIDIA_DRIVER
+
+    stderr = agent.stop()
+    assert agent.process.returncode == 0
+    if not HAS_NVIDIA_DRIVER:
+        said = [line for line in stderr.splitlines() if "serving without GPU telemetry" in line]
+        assert len(said) == 1, stderr  # once, however many rounds sampled
+
+
+def test_checkpoints_are_refused_with_the_reasons(agent: Running, tmp_path: Path) -> None:
+    body = {
+        "imagesDir": str(tmp_path / "c1"),
+        "endpoint": "http://127.0.0.1:9",
+        "podUID": "0b0c1c8e-3b1a-4c7e-9d1e-7f1e2d3c4b5a",
+        "containerID": "containerd://" + "a" * 64,
+    }
+    status, answer = post(f"{agent.url}/checkpoint", body)
+    assert status == 401
+    status, answer = post(f"{agent.url}/checkpoint", body, TOKEN)
+    assert status == 503
+    assert any(r.startswith("criu is not installed") for r in answer["reasons"])
+    assert not (tmp_path / "c1").exists()
+
+
+async def test_the_operator_driver_hears_the_reasons(agent: Running, tmp_path: Path) -> None:
+    async def locate(node: str) -> str:
+        return agent.url
+
+    target = CheckpointTarget(
+        namespace="agents",
+        worker="w",
+        epoch=2,
+        engine=EngineType.VLLM,
+        endpoint="http://127.0.0.1:9",
+        location=str(tmp_path / "c1"),
+        pod="w-2",
+        node="test-node",
+    )
+    async with (
+        httpx.AsyncClient() as http,
+        Kube(KubeConfig(server="http://127.0.0.1:9")) as kube,
+    ):
+        driver = CriuDriver(http, kube, locate=locate, token=TOKEN)
+        with pytest.raises(DriverUnavailable, match="node test-node: .*criu is not installed"):
+            await driver.load(target)
