@@ -50,6 +50,7 @@ def test_sim_pod_binds_the_pod_ip_and_runs_sessionfleet() -> None:
     assert engine["command"] == ["sessionfleet"]
     assert engine["args"][:2] == ["sim-engine", "--host=$(POD_IP)"]
     assert "--kv-tokens=500000" in engine["args"]
+    assert "--enable-force-include-usage" in engine["args"]
     assert engine["env"][0]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
     assert engine["securityContext"]["readOnlyRootFilesystem"] is True
 

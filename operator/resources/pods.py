@@ -63,6 +63,9 @@ def engine_args(worker: InferenceWorker) -> list[str]:
             "--host=$(POD_IP)",
             f"--port={port}",
             f"--model={spec.model}",
+            # Usage in every stream, as vLLM's --enable-force-include-usage: the router
+            # counts a session's tokens from the final chunk of every turn.
+            "--enable-force-include-usage",
         ]
         if spec.capacity.kv_tokens:
             args.append(f"--kv-tokens={spec.capacity.kv_tokens}")

@@ -154,7 +154,7 @@ class PrefixCache:
             if count > 0:
                 refs[block_hash] = count
                 continue
-            del refs[block_hash]
+            refs.pop(block_hash, None)  # dict.pop: Counter's own __delitem__ is Python code
             if block_hash in cached:
                 free[block_hash] = None
 

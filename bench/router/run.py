@@ -1,0 +1,381 @@
+"""Router benchmark: the same requests to a simulated engine, directly and through the router.
+
+Run from the repository root (after ``make venv`` and ``make e2e-tools``)::
+
+    PYTHONSAFEPATH=1 .venv/bin/python bench/router/run.py [--duration 5] [--out FILE]
+
+It starts a real control plane (the e2e harness; or uses ``--kubeconfig``), one
+``sessionfleet sim-engine`` with no simulated cost, one InferenceWorker pointing at it
+and one ``sessionfleet router``, all on 127.0.0.1, then drives both endpoints with
+vegeta (installed from the Go module proxy into ~/.cache/sessionfleet/bench-tools):
+
+* closed loop at concurrency 1, 16 and 64: throughput, and latency percentiles;
+* open loop at fixed rates: latency percentiles without the queueing a saturated closed
+  loop adds (FACTS.md: on 2 shared cores a closed loop at 16 or 64 saturates the CPU,
+  and its latency is then concurrency / throughput, which says nothing about the
+  router's own cost).
+
+Each scenario runs direct and routed back to back, for small bodies and 700 KB bodies
+(a 180K-token context), streamed and not. Every request carries one of a pool of
+session ids, so the router does its real per-turn work: header parsing, body scan,
+binding lookup, usage parsing, metrics. "Added" figures are router percentile minus
+direct percentile of the same scenario. Nothing here is pass/fail.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+# Appended, not prepended: the repository root holds a folder named operator/, which
+# must not hide the standard library's operator module.
+sys.path.append(str(REPO))
+
+from e2e.localcluster import LocalCluster, find_tools  # noqa: E402
+
+VENV_BIN = Path(sys.executable).parent
+SESSIONFLEET = VENV_BIN / "sessionfleet"
+TOOLS = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "sessionfleet/bench-tools"
+VEGETA_MODULE = "github.com/tsenart/vegeta/v12@v12.13.0"
+MODEL = "bench-model"
+NAMESPACE = f"bench-router-{os.getpid()}"
+GROUP_VERSION = "sessionfleet.dev/v1alpha1"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def vegeta() -> Path:
+    binary = TOOLS / "vegeta"
+    if not binary.exists():
+        TOOLS.mkdir(parents=True, exist_ok=True)
+        print(f"installing {VEGETA_MODULE} into {TOOLS}", file=sys.stderr)
+        subprocess.run(
+            ["go", "install", VEGETA_MODULE],
+            check=True,
+            env={**os.environ, "GOBIN": str(TOOLS), "GOFLAGS": "-buildvcs=false"},
+        )
+    return binary
+
+
+def wait_http(url: str, process: subprocess.Popen[bytes], timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise SystemExit(f"{process.args} exited with {process.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=1) as answer:
+                if answer.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.2)
+    raise SystemExit(f"{url} did not answer within {timeout} s")
+
+
+def bodies(work: Path) -> dict[str, Path]:
+    """Request bodies: a small chat turn and a 700 KB one, each streamed and not."""
+    small = [
+        {"role": "system", "content": "You are a coding agent. " * 20},
+        {"role": "user", "content": "Run the tests and fix what fails."},
+    ]
+    line = "    result = handler(event, context)  # keep the retry loop bounded\n"
+    big = [
+        {"role": "system", "content": "You are a coding agent. " * 20},
+        {"role": "user", "content": line * (700_000 // len(line))},
+    ]
+    out = {}
+    for name, messages in (("small", small), ("700KB", big)):
+        for stream in (False, True):
+            body: dict[str, Any] = {"model": MODEL, "messages": messages, "max_tokens": 16}
+            if stream:
+                body.update(stream=True, stream_options={"include_usage": True})
+            path = work / f"{name}-{'stream' if stream else 'plain'}.json"
+            path.write_text(json.dumps(body))
+            out[f"{name}/{'stream' if stream else 'plain'}"] = path
+    return out
+
+
+def targets(work: Path, base: str, body: Path, sessions: int, tag: str) -> Path:
+    """A vegeta targets file cycling over ``sessions`` session ids."""
+    path = work / f"targets-{tag}.txt"
+    with path.open("w") as out:
+        for n in range(sessions):
+            out.write(
+                f"POST {base}/v1/chat/completions\n"
+                f"Content-Type: application/json\n"
+                f"X-Session-Id: bench-{tag.split('-')[0]}-{n}\n"
+                f"@{body}\n\n"
+            )
+    return path
+
+
+def attack(
+    tool: Path, target_file: Path, *, rate: int, concurrency: int, duration: float
+) -> dict[str, Any]:
+    """One vegeta run; rate 0 means a closed loop of ``concurrency`` workers."""
+    argv = [
+        str(tool),
+        "attack",
+        f"-targets={target_file}",
+        f"-duration={duration}s",
+        "-timeout=60s",
+        "-max-body=0",
+    ]
+    if rate:
+        argv += [f"-rate={rate}/s"]
+    else:
+        argv += ["-rate=0", f"-workers={concurrency}", f"-max-workers={concurrency}"]
+    attack_run = subprocess.run(argv, check=True, capture_output=True)
+    report = subprocess.run(
+        [str(tool), "report", "-type=json"],
+        input=attack_run.stdout,
+        check=True,
+        capture_output=True,
+    )
+    result: dict[str, Any] = json.loads(report.stdout)
+    return result
+
+
+def summary(result: dict[str, Any]) -> dict[str, float]:
+    latencies = result["latencies"]
+    return {
+        "throughput": round(result["throughput"], 1),
+        "p50_ms": latencies["50th"] / 1e6,
+        "p99_ms": latencies["99th"] / 1e6,
+        "success": result["success"],
+    }
+
+
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU time a process has used, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def router_added_mean_ms(url: str) -> tuple[float, float]:
+    """(sum, count) of the router's own added-latency histogram."""
+    with urllib.request.urlopen(f"{url}/metrics", timeout=5) as answer:
+        text = answer.read().decode()
+    total = count = 0.0
+    for line in text.splitlines():
+        if line.startswith('sessionfleet_router_added_latency_seconds_sum{route="session"}'):
+            total = float(line.rsplit(" ", 1)[1])
+        if line.startswith('sessionfleet_router_added_latency_seconds_count{route="session"}'):
+            count = float(line.rsplit(" ", 1)[1])
+    return total, count
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--duration", type=float, default=3.0, help="seconds per run")
+    parser.add_argument("--repeat", type=int, default=3, help="runs per figure (median)")
+    parser.add_argument("--kubeconfig", type=Path, default=None, help="use this cluster")
+    parser.add_argument("--out", type=Path, default=None, help="write the results as JSON")
+    parser.add_argument("--only", default="", help="run only scenarios containing this text")
+    args = parser.parse_args()
+
+    # SIGTERM (a timeout, a kill) ends the run through the finally below, which stops
+    # the engine, the router and the cluster.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    tool = vegeta()
+    work = Path(tempfile.mkdtemp(prefix="bench-router-"))
+    processes: list[subprocess.Popen[bytes]] = []
+    cluster = None if args.kubeconfig else LocalCluster.start()
+    kubeconfig = args.kubeconfig or cluster.kubeconfig  # type: ignore[union-attr]
+    kubectl = cluster.kubectl if cluster else None
+    results: list[dict[str, Any]] = []
+    try:
+
+        def k(*argv: str, stdin: str | None = None) -> None:
+            if kubectl is not None:
+                kubectl(*argv, input=stdin)
+            else:
+                subprocess.run(
+                    [str(find_tools().kubectl), f"--kubeconfig={kubeconfig}", *argv],
+                    input=stdin,
+                    text=True,
+                    check=True,
+                    capture_output=True,
+                )
+
+        k("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds"))
+        k("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
+        k("create", "namespace", NAMESPACE)
+
+        engine_port, router_port = free_port(), free_port()
+        env = {**os.environ, "PYTHONSAFEPATH": "1"}
+        logs = work / "logs"
+        logs.mkdir()
+        engine = subprocess.Popen(
+            [
+                str(SESSIONFLEET),
+                "sim-engine",
+                "--host=127.0.0.1",
+                f"--port={engine_port}",
+                f"--model={MODEL}",
+                "--log-level=WARNING",
+            ],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=(logs / "engine.log").open("wb"),
+        )
+        processes.append(engine)
+        direct = f"http://127.0.0.1:{engine_port}"
+        wait_http(f"{direct}/health", engine)
+        worker = {
+            "apiVersion": GROUP_VERSION,
+            "kind": "InferenceWorker",
+            "metadata": {"name": "w1", "namespace": NAMESPACE},
+            "spec": {
+                "model": MODEL,
+                "engine": {"type": "sim"},
+                "gpus": 1,
+                "capacity": {"maxSessions": 100000},
+            },
+        }
+        k("apply", "-f", "-", stdin=json.dumps(worker))
+        k(
+            "patch",
+            "inferenceworker",
+            "w1",
+            "-n",
+            NAMESPACE,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            json.dumps({"status": {"phase": "Ready", "endpoint": direct}}),
+        )
+        router = subprocess.Popen(
+            [
+                str(SESSIONFLEET),
+                "router",
+                "--host=127.0.0.1",
+                f"--port={router_port}",
+                f"--namespace={NAMESPACE}",
+                f"--kubeconfig={kubeconfig}",
+                "--replica=bench",
+                "--flush-interval=10",
+                "--log-level=WARNING",
+            ],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=(logs / "router.log").open("wb"),
+        )
+        processes.append(router)
+        routed = f"http://127.0.0.1:{router_port}"
+        wait_http(f"{routed}/readyz", router)
+
+        plans = {"small": (64, [100, 500]), "700KB": (16, [10, 30])}
+        for scenario, body in bodies(work).items():
+            size = scenario.split("/")[0]
+            sessions, rates = plans[size]
+            tag = scenario.replace("/", "-")
+            files = {
+                "direct": targets(work, direct, body, sessions, f"{tag}-direct"),
+                "router": targets(work, routed, body, sessions, f"{tag}-router"),
+            }
+            # Warm up: every session exists and both paths have open connections.
+            for where in ("direct", "router"):
+                attack(tool, files[where], rate=0, concurrency=4, duration=1.5)
+            runs = [("closed", 0, c) for c in (1, 16, 64)] + [("open", r, 0) for r in rates]
+            for loop, rate, concurrency in runs:
+                name = f"{scenario} {loop} " + (f"c={concurrency}" if not rate else f"{rate}/s")
+                if args.only and args.only not in name:
+                    continue
+                row: dict[str, Any] = {
+                    "scenario": scenario,
+                    "loop": loop,
+                    "rate": rate,
+                    "concurrency": concurrency,
+                }
+                before = router_added_mean_ms(routed)
+                # Direct and routed alternate, and each figure is the median of the
+                # repetitions: the machine is shared and single runs are noisy.
+                samples: dict[str, list[dict[str, float]]] = {"direct": [], "router": []}
+                for _ in range(args.repeat):
+                    for where in ("direct", "router"):
+                        cpu_before = cpu_seconds(engine.pid), cpu_seconds(router.pid)
+                        result = attack(
+                            tool,
+                            files[where],
+                            rate=rate,
+                            concurrency=concurrency,
+                            duration=args.duration,
+                        )
+                        sample = summary(result)
+                        # CPU time per request, per process: unlike latency, it hardly
+                        # depends on what else the shared machine is running.
+                        requests = max(1, result["requests"])
+                        sample["engine_cpu_us"] = round(
+                            1e6 * (cpu_seconds(engine.pid) - cpu_before[0]) / requests, 1
+                        )
+                        sample["router_cpu_us"] = round(
+                            1e6 * (cpu_seconds(router.pid) - cpu_before[1]) / requests, 1
+                        )
+                        samples[where].append(sample)
+                for where, runs_of in samples.items():
+                    row[where] = {
+                        key: statistics.median(run[key] for run in runs_of) for key in runs_of[0]
+                    }
+                after = router_added_mean_ms(routed)
+                turns = after[1] - before[1]
+                row["router_self_mean_ms"] = (
+                    round(1000 * (after[0] - before[0]) / turns, 3) if turns else None
+                )
+                row["ratio"] = round(row["router"]["throughput"] / row["direct"]["throughput"], 2)
+                row["added_p50_ms"] = round(row["router"]["p50_ms"] - row["direct"]["p50_ms"], 3)
+                row["added_p99_ms"] = round(row["router"]["p99_ms"] - row["direct"]["p99_ms"], 3)
+                results.append(row)
+                print(
+                    f"{name:32} direct {row['direct']['throughput']:7.1f}/s "
+                    f"p50 {row['direct']['p50_ms']:7.2f} p99 {row['direct']['p99_ms']:7.2f} | "
+                    f"router {row['router']['throughput']:7.1f}/s "
+                    f"p50 {row['router']['p50_ms']:7.2f} p99 {row['router']['p99_ms']:7.2f} | "
+                    f"ratio {row['ratio']:.2f} added p50 {row['added_p50_ms']:+.2f} "
+                    f"p99 {row['added_p99_ms']:+.2f} ms | cpu/request engine "
+                    f"{row['direct']['engine_cpu_us']:.0f} us, router "
+                    f"{row['router']['router_cpu_us']:.0f} us (own time "
+                    f"{row['router_self_mean_ms']} ms)",
+                    flush=True,
+                )
+                if row["router"]["success"] < 1 or row["direct"]["success"] < 1:
+                    print(
+                        f"  !! success direct {row['direct']['success']:.3f} "
+                        f"router {row['router']['success']:.3f}",
+                        flush=True,
+                    )
+    finally:
+        for process in reversed(processes):
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+                try:
+                    process.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait(timeout=5)
+        if cluster is not None:
+            cluster.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    if args.out:
+        args.out.write_text(json.dumps(results, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

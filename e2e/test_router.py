@@ -1,0 +1,404 @@
+"""The router and simulated engines as real processes against the real control plane.
+
+No operator runs here: each test creates its InferenceWorkers and sets their status
+(phase Ready, endpoint) through the status subresource, as the operator would, for
+sim-engine processes it starts itself on 127.3.x.y addresses (outside KWOK's pod
+range). Routers run as ``sessionfleet router`` processes serving the test's namespace.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from kubernetes import client
+
+from e2e.helpers import CRDS_DIR, Kubectl, wait_until
+from e2e.localcluster import LocalCluster
+
+pytestmark = pytest.mark.timeout(180)
+
+SESSIONFLEET = Path(sys.executable).parent / "sessionfleet"
+GROUP, VERSION = "sessionfleet.dev", "v1alpha1"
+MODEL = "e2e-model"
+SYSTEM = "You are a coding agent working in a large repository. " * 40
+
+
+class Process:
+    """A ``sessionfleet`` subcommand as a process with its log in a file."""
+
+    def __init__(self, argv: list[str], log_path: Path) -> None:
+        self.argv = argv
+        self.log_path = log_path
+        with log_path.open("ab") as log:
+            self.popen = subprocess.Popen(
+                argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "PYTHONSAFEPATH": "1"},
+            )
+
+    def wait_http(self, url: str, timeout: float = 30) -> None:
+        def answers() -> bool:
+            if self.popen.poll() is not None:
+                raise AssertionError(f"{self.argv[1]} exited:\n{self.log_tail()}")
+            try:
+                return httpx.get(url, timeout=1).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_until(answers, timeout=timeout, what=url)
+
+    def stop(self) -> int:
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait(timeout=10)
+        return self.popen.returncode
+
+    def log_tail(self, lines: int = 30) -> str:
+        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        return "\n".join(text.splitlines()[-lines:])
+
+
+@pytest.fixture(scope="session")
+def crds_installed(kubectl: Kubectl) -> None:
+    """The sessionfleet CRDs, applied and Established (idempotent across workers)."""
+    kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRDS_DIR))
+    kubectl(
+        "wait",
+        "--for=condition=Established",
+        "crd",
+        "-l",
+        "app.kubernetes.io/part-of=sessionfleet",
+        "--timeout=60s",
+    )
+
+
+@pytest.fixture
+def custom(api: Any) -> Any:
+    return client.CustomObjectsApi(api)
+
+
+class Fleet:
+    """Sim engines registered as Ready InferenceWorkers, and routers, for one namespace."""
+
+    def __init__(self, cluster: LocalCluster, custom: Any, namespace: str, logs: Path) -> None:
+        self.cluster = cluster
+        self.custom = custom
+        self.namespace = namespace
+        self.logs = logs
+        self.processes: list[Process] = []
+        # A /24 of our own per test: parallel tests never collide on addresses.
+        self.subnet = f"127.3.{secrets.randbelow(250) + 1}"
+        self.next_host = 10
+
+    def worker(self, name: str, *extra: str) -> str:
+        host = f"{self.subnet}.{self.next_host}"
+        self.next_host += 1
+        engine = Process(
+            [
+                str(SESSIONFLEET),
+                "sim-engine",
+                f"--host={host}",
+                "--port=8000",
+                f"--model={MODEL}",
+                "--enable-force-include-usage",
+                *extra,
+            ],
+            self.logs / f"engine-{name}.log",
+        )
+        self.processes.append(engine)
+        endpoint = f"http://{host}:8000"
+        engine.wait_http(f"{endpoint}/health")
+        self.custom.create_namespaced_custom_object(
+            GROUP,
+            VERSION,
+            self.namespace,
+            "inferenceworkers",
+            {
+                "apiVersion": f"{GROUP}/{VERSION}",
+                "kind": "InferenceWorker",
+                "metadata": {"name": name},
+                "spec": {
+                    "model": MODEL,
+                    "engine": {"type": "sim"},
+                    "gpus": 1,
+                    "capacity": {"maxSessions": 16},
+                },
+            },
+        )
+        self.custom.patch_namespaced_custom_object_status(
+            GROUP,
+            VERSION,
+            self.namespace,
+            "inferenceworkers",
+            name,
+            {"status": {"phase": "Ready", "endpoint": endpoint}},
+        )
+        return endpoint
+
+    def router(self, name: str, *extra: str) -> tuple[str, Process]:
+        port = _free_port()
+        router = Process(
+            [
+                str(SESSIONFLEET),
+                "router",
+                "--host=127.0.0.1",
+                f"--port={port}",
+                f"--namespace={self.namespace}",
+                f"--kubeconfig={self.cluster.kubeconfig}",
+                f"--replica={name}",
+                "--flush-interval=1",
+                # A loaded CI machine may answer a create slowly; latency is not under test.
+                "--create-timeout=30",
+                "--log-level=DEBUG",
+                *extra,
+            ],
+            self.logs / f"router-{name}.log",
+        )
+        self.processes.append(router)
+        url = f"http://127.0.0.1:{port}"
+        router.wait_http(f"{url}/readyz")
+        return url, router
+
+    def sessions(self) -> dict[str, dict[str, Any]]:
+        items = self.custom.list_namespaced_custom_object(
+            GROUP, VERSION, self.namespace, "agentsessions"
+        )["items"]
+        return {item["spec"]["sessionId"]: item for item in items}
+
+    def stop(self) -> None:
+        for process in reversed(self.processes):
+            process.stop()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture
+def fleet(
+    cluster: LocalCluster,
+    custom: Any,
+    namespace: str,
+    crds_installed: None,
+    tmp_path: Path,
+) -> Iterator[Fleet]:
+    fleet = Fleet(cluster, custom, namespace, tmp_path)
+    yield fleet
+    fleet.stop()
+    # Shown by pytest for a failing test: what the routers and engines logged.
+    for process in fleet.processes:
+        print(f"--- {process.log_path.name}\n{process.log_tail()}")
+
+
+def turn(
+    url: str, messages: list[dict[str, Any]], session: str | None = None, **headers: str
+) -> httpx.Response:
+    sent = {"X-Session-Id": session} if session else {}
+    sent.update({k.replace("_", "-"): v for k, v in headers.items()})
+    return httpx.post(
+        f"{url}/v1/chat/completions",
+        json={"model": MODEL, "messages": messages, "max_tokens": 24},
+        headers=sent,
+        timeout=30,
+    )
+
+
+def opening(task: str) -> list[dict[str, Any]]:
+    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": task}]
+
+
+def follow_up(messages: list[dict[str, Any]], answer: httpx.Response, n: int) -> None:
+    messages += [
+        {"role": "assistant", "content": answer.json()["choices"][0]["message"]["content"]},
+        {"role": "user", "content": f"tool result {n}: " + "line of output\n" * 30},
+    ]
+
+
+def test_a_session_stays_on_its_engine_and_its_cache_grows(fleet: Fleet) -> None:
+    for name in ("w1", "w2", "w3"):
+        fleet.worker(name)
+    url, _ = fleet.router("r1")
+    messages = opening("Fix the flaky test.")
+    workers, cached, prompts = [], [], []
+    for n in range(6):
+        answer = turn(url, messages, "agent-42")
+        assert answer.status_code == 200, answer.text
+        workers.append(answer.headers["X-Sessionfleet-Worker"])
+        usage = answer.json()["usage"]
+        cached.append(usage["prompt_tokens_details"]["cached_tokens"])
+        prompts.append(usage["prompt_tokens"])
+        follow_up(messages, answer, n)
+    assert len(set(workers)) == 1
+    assert cached[0] == 0
+    assert all(later > earlier for earlier, later in zip(cached, cached[1:], strict=False))
+
+    session = fleet.sessions()["agent-42"]
+    assert session["spec"]["workerHint"] == workers[0]
+    assert session["spec"]["client"] == "Header"
+
+    def usage_written() -> dict[str, Any] | None:
+        status = fleet.sessions()["agent-42"].get("status") or {}
+        return status if status.get("turns") == 6 else None
+
+    status = wait_until(usage_written, timeout=20, what="the session's usage in its status")
+    assert status["promptTokens"] == sum(prompts)
+    assert status["cachedTokens"] == sum(cached)
+    assert status["recomputedTokens"] == sum(
+        p - c for p, c in zip(prompts[1:], cached[1:], strict=True)
+    )
+    assert 0 < status["hitRatePercent"] < 100
+
+
+def test_two_router_replicas_agree_on_every_binding(fleet: Fleet) -> None:
+    for name in ("w1", "w2", "w3"):
+        fleet.worker(name)
+    url_a, _ = fleet.router("ra")
+    url_b, _ = fleet.router("rb")
+    conversations = {f"team-{n}": opening(f"task {n}") for n in range(8)}
+    seen: dict[str, set[str]] = {sid: set() for sid in conversations}
+    for n in range(3):
+        for index, (sid, messages) in enumerate(conversations.items()):
+            # Alternate the replica per session and per turn; the first turn of half
+            # the sessions goes to each replica.
+            url = (url_a, url_b)[(index + n) % 2]
+            answer = turn(url, messages, sid)
+            assert answer.status_code == 200, answer.text
+            seen[sid].add(answer.headers["X-Sessionfleet-Worker"])
+            follow_up(messages, answer, n)
+    assert all(len(workers) == 1 for workers in seen.values()), seen
+    sessions = fleet.sessions()
+    assert sorted(sessions) == sorted(conversations)
+    for sid, workers in seen.items():
+        assert sessions[sid]["spec"]["workerHint"] == next(iter(workers))
+    # Placement spread the sessions over the workers.
+    assert len({s["spec"]["workerHint"] for s in sessions.values()}) == 3
+
+    def all_counted() -> bool:
+        return all((s.get("status") or {}).get("turns") == 3 for s in fleet.sessions().values())
+
+    # Both replicas wrote usage for the same sessions; conditional writes lost none.
+    wait_until(all_counted, timeout=20, what="3 turns counted per session")
+
+
+def test_racing_first_turns_on_two_replicas_bind_once(fleet: Fleet) -> None:
+    for name in ("w1", "w2", "w3"):
+        fleet.worker(name)
+    url_a, _ = fleet.router("ra")
+    url_b, _ = fleet.router("rb")
+    sids = [f"race-{n}" for n in range(6)]
+    # Each session's first turn reaches both replicas at the same moment: both try to
+    # create its AgentSession; the loser of the create adopts the winner's choice.
+    with ThreadPoolExecutor(max_workers=12) as pool:
+        answers = list(
+            pool.map(
+                lambda job: (job[0], turn(job[1], opening(job[0]), job[0])),
+                [(sid, url) for sid in sids for url in (url_a, url_b)],
+            )
+        )
+    workers: dict[str, set[str]] = {sid: set() for sid in sids}
+    for sid, answer in answers:
+        assert answer.status_code == 200, answer.text
+        workers[sid].add(answer.headers["X-Sessionfleet-Worker"])
+    assert all(len(chosen) == 1 for chosen in workers.values()), workers
+    sessions = fleet.sessions()
+    assert sorted(sessions) == sids
+    assert all(sessions[sid]["spec"]["workerHint"] in workers[sid] for sid in sids)
+
+
+def test_a_restarted_router_keeps_every_binding(fleet: Fleet) -> None:
+    for name in ("w1", "w2"):
+        fleet.worker(name)
+    url, router = fleet.router("before")
+    bound = {}
+    for n in range(6):
+        answer = turn(url, opening(f"job {n}"), f"job-{n}")
+        assert answer.status_code == 200
+        bound[f"job-{n}"] = answer.headers["X-Sessionfleet-Worker"]
+    assert set(bound.values()) == {"w1", "w2"}
+    # SIGTERM: the router writes its pending usage before it exits.
+    assert router.stop() == 0
+    assert all((s.get("status") or {}).get("turns") == 1 for s in fleet.sessions().values())
+
+    url, _ = fleet.router("after")
+    for sid, worker in bound.items():
+        answer = turn(url, opening(f"job {sid[4:]}"), sid)
+        assert answer.status_code == 200
+        assert answer.headers["X-Sessionfleet-Worker"] == worker
+        assert answer.json()["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+
+
+def test_bad_requests_get_the_documented_errors(fleet: Fleet) -> None:
+    fleet.worker("w1")
+    url, _ = fleet.router("r1")
+
+    def error(response: httpx.Response) -> tuple[int, str]:
+        assert response.headers["X-Sessionfleet-Reason"] == response.json()["error"]["code"]
+        return response.status_code, response.json()["error"]["code"]
+
+    post = f"{url}/v1/chat/completions"
+    assert error(httpx.post(post, content=b"{broken", timeout=10)) == (400, "invalid_body")
+    assert error(httpx.post(post, json={"messages": []}, timeout=10)) == (400, "invalid_body")
+    assert error(turn(url, opening("x"), "bad id")) == (400, "invalid_session_id")
+    assert error(httpx.post(post, json={"model": "nope", "messages": []}, timeout=10)) == (
+        404,
+        "model_not_found",
+    )
+    assert error(httpx.get(post, timeout=10)) == (405, "method_not_allowed")
+    assert error(httpx.get(f"{url}/elsewhere", timeout=10)) == (404, "not_found")
+    # A request the engine refuses comes back as the engine said it.
+    refused = httpx.post(post, json={"model": MODEL, "messages": []}, timeout=10)
+    assert refused.status_code == 400 and "X-Sessionfleet-Reason" not in refused.headers
+
+    # The final marker finishes the session; once the operator (here: the test) marks
+    # it Finished, further turns are refused.
+    assert turn(url, opening("x"), "last", X_Session_Final="true").status_code == 200
+
+    def finished() -> dict[str, Any] | None:
+        item = fleet.sessions().get("last")
+        return item if item and item["spec"].get("finished") else None
+
+    item = wait_until(finished, timeout=20, what="spec.finished of session last")
+    fleet.custom.patch_namespaced_custom_object_status(
+        GROUP,
+        VERSION,
+        fleet.namespace,
+        "agentsessions",
+        item["metadata"]["name"],
+        {"status": {"phase": "Finished"}},
+    )
+
+    def refused_now() -> bool:
+        return turn(url, opening("x"), "last").status_code == 409
+
+    wait_until(refused_now, timeout=20, what="409 for a Finished session")
+    # A worker that is not Ready: new sessions wait with a Retry-After.
+    fleet.custom.patch_namespaced_custom_object_status(
+        GROUP, VERSION, fleet.namespace, "inferenceworkers", "w1", {"status": {"phase": "Starting"}}
+    )
+
+    def unavailable() -> httpx.Response | None:
+        answer = turn(url, opening("y"), "newcomer")
+        return answer if answer.status_code == 503 else None
+
+    answer = wait_until(unavailable, timeout=20, what="503 while no worker is Ready")
+    assert answer.json()["error"]["code"] == "no_ready_worker"
+    assert answer.headers["Retry-After"]

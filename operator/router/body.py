@@ -1,0 +1,190 @@
+"""Reading what the router needs from bodies without decoding them whole.
+
+A turn's request body is the whole conversation: 700 KB for a 180K-token context. The
+router needs one field of it, ``model``, and forwards the bytes unchanged. Decoding the
+body into Python objects and encoding it again would cost milliseconds per turn and
+could change it (key order, number formats, escapes); scanning for the key costs a
+``bytes.find`` (memchr speed) over the body.
+
+The scan is exact, not a guess. In JSON a string's inner quotes are always escaped, so
+the bytes ``"model"`` preceded by ``{`` or ``,`` and followed by ``:`` (whitespace
+allowed) can only be an object key. It is the top-level key when it is the object's
+first key; or when the brackets after its value close the outermost object (checked
+over that short tail only, for clients that send ``model`` after ``messages``); or
+when it is the only such key in the body (a chat or completion request must have a
+top-level ``model``). Otherwise, with several such keys (a tool schema with a
+``model`` property), the body is decoded in full, which is rare and always correct.
+
+Responses are read the same way: ``usage`` is the last key of a response and the last
+chunk of a stream, so it is found by searching the tail backwards and decoding only
+its value.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Final
+
+from sessionfleet.engines.vllm import Usage, parse_usage, usage_of_response
+
+MAX_MODEL_CHARS: Final = 256
+_MODEL_KEY: Final = b'"model"'
+_WHITESPACE: Final = b" \t\r\n"
+# A JSON string at the start of the text, escapes included.
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_WINDOW: Final = 4 * MAX_MODEL_CHARS + 64
+# Strings (skipped whole, escapes included) and brackets, for walking a short tail.
+_TAIL_TOKENS = re.compile(rb'"(?:[^"\\]|\\.)*"|[{}\[\]]', re.DOTALL)
+_MAX_TAIL: Final = 65536
+"""The last-key shortcut walks at most this many bytes after the key."""
+
+
+class BodyError(ValueError):
+    """A request body the router cannot route; the message is for the client."""
+
+
+def _is_key(body: bytes, start: int) -> int | None:
+    """If the ``"model"`` at ``start`` is an object key, return where its value starts."""
+    before = start - 1
+    while before >= 0 and body[before] in _WHITESPACE:
+        before -= 1
+    if before < 0 or body[before] not in b"{,":
+        return None
+    after = start + len(_MODEL_KEY)
+    while after < len(body) and body[after] in _WHITESPACE:
+        after += 1
+    if after >= len(body) or body[after] != ord(":"):
+        return None
+    after += 1
+    while after < len(body) and body[after] in _WHITESPACE:
+        after += 1
+    return after
+
+
+def _check(model: Any) -> str:
+    if not isinstance(model, str) or not model:
+        raise BodyError("model must be a non-empty string naming the served model")
+    if len(model) > MAX_MODEL_CHARS:
+        raise BodyError(f"model must be at most {MAX_MODEL_CHARS} characters")
+    return model
+
+
+def _string_at(body: bytes, start: int) -> tuple[str, int] | None:
+    """Decode the JSON string value at ``start``; return it and where it ends."""
+    match = _JSON_STRING.match(body, start, start + _WINDOW)
+    if match is None:
+        return None
+    value = json.loads(match.group())
+    return (value, match.end()) if isinstance(value, str) else None
+
+
+def _closes_top_level(body: bytes, start: int) -> bool:
+    """Whether the text from ``start`` closes the outermost object and ends the body.
+
+    That is: its brackets (outside strings) first go one level below where ``start``
+    is exactly at a ``}`` after which only whitespace remains. Then ``start`` was at
+    the top level of the body's object.
+    """
+    depth = 0
+    for token in _TAIL_TOKENS.finditer(body, start):
+        symbol = token.group()
+        if symbol in (b"{", b"["):
+            depth += 1
+        elif symbol in (b"}", b"]"):
+            depth -= 1
+            if depth < 0:
+                return symbol == b"}" and not body[token.end() :].strip()
+    return False
+
+
+def find_model(body: bytes) -> str:
+    """Return the top-level ``model`` of a JSON request body; raise :class:`BodyError`.
+
+    Three ways, cheapest first, each exact: ``model`` is the object's first key (then
+    it is top-level by position); or the last ``model`` key is followed by nothing but
+    the rest of the top-level object (checked over that short tail only: clients that
+    write ``model`` after ``messages``); or the body has exactly one ``model`` key (one
+    forward pass). Otherwise — several such keys, or none found — the body is decoded.
+    """
+    first = 0
+    while first < len(body) and body[first] in _WHITESPACE:
+        first += 1
+    if first >= len(body) or body[first] != ord("{"):
+        raise BodyError("the request body must be a JSON object")
+    found = body.find(_MODEL_KEY, first, first + _WINDOW)
+    if found != -1 and not body[first + 1 : found].strip():
+        value_at = _is_key(body, found)
+        string = _string_at(body, value_at) if value_at is not None else None
+        if string is not None:
+            return _check(string[0])
+    last = body.rfind(_MODEL_KEY, first)
+    if last != -1 and len(body) - last <= _MAX_TAIL:
+        value_at = _is_key(body, last)
+        string = _string_at(body, value_at) if value_at is not None else None
+        if string is not None and _closes_top_level(body, string[1]):
+            return _check(string[0])
+    keys = 0
+    value_at = None
+    found = body.find(_MODEL_KEY, first)
+    while found != -1:
+        where = _is_key(body, found)
+        if where is not None:
+            keys += 1
+            value_at = where
+            if keys > 1:
+                break
+        found = body.find(_MODEL_KEY, found + len(_MODEL_KEY))
+    if keys == 1 and value_at is not None:
+        string = _string_at(body, value_at)
+        if string is None:
+            raise BodyError("model must be a non-empty string naming the served model")
+        return _check(string[0])
+    # No key found (it may be written with escapes, or be missing) or several: decode.
+    try:
+        decoded = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as error:
+        raise BodyError(f"the request body is not valid JSON: {error}") from error
+    if not isinstance(decoded, dict):
+        raise BodyError("the request body must be a JSON object")
+    if "model" not in decoded:
+        raise BodyError("the request body has no model field")
+    return _check(decoded["model"])
+
+
+_USAGE_KEY = re.compile(r'"usage"\s*:\s*')
+_DECODER = json.JSONDecoder()
+TAIL_BYTES: Final = 16384
+"""How much of a response's end is kept to find its usage in."""
+_MAX_TRIES: Final = 4
+
+
+def usage_in_tail(tail: bytes) -> Usage | None:
+    """Return the usage in the last part of a response body or event stream, if any.
+
+    Each ``"usage":`` key from the end is tried (a few at most) until one holds token
+    counts: the final usage chunk of a stream follows content chunks that may carry
+    ``"usage": null``. The Responses API's final event nests usage in ``response``,
+    which the same search finds.
+    """
+    text = tail.decode("utf-8", errors="replace")
+    matches = list(_USAGE_KEY.finditer(text))
+    for match in reversed(matches[-_MAX_TRIES:]):
+        try:
+            value, _ = _DECODER.raw_decode(text, match.end())
+        except ValueError:
+            continue
+        usage = parse_usage(value)
+        if usage is not None:
+            return usage
+    return None
+
+
+def usage_in_body(body: bytes) -> Usage | None:
+    """Return the usage of a complete (non-streamed) JSON response."""
+    if len(body) <= TAIL_BYTES:
+        try:
+            return usage_of_response(json.loads(body))
+        except (ValueError, UnicodeDecodeError):
+            return None
+    return usage_in_tail(body[-TAIL_BYTES:])

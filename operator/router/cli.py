@@ -1,0 +1,204 @@
+"""``sessionfleet router``: run the session-aware OpenAI-compatible router."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sessionfleet.router.server import RouterSettings
+
+DESCRIPTION = """\
+An OpenAI-compatible reverse proxy that keeps each agent session on its worker.
+Turns are recognised by the configured session header or the ones Claude Code, Codex
+and OpenCode send; a session's first turn is placed on a Ready InferenceWorker and
+recorded as an AgentSession; later turns go to that worker with no API call; usage is
+written to the session's status in coalesced patches. See docs/router.md.
+"""
+
+NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, not {value}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def default_namespace() -> str:
+    """Return the pod's namespace in a cluster, else ``default``."""
+    try:
+        return NAMESPACE_FILE.read_text().strip() or "default"
+    except OSError:
+        return "default"
+
+
+def add_parser(commands: Any) -> argparse.ArgumentParser:
+    """Add the ``router`` subcommand to ``commands`` (an argparse subparsers object)."""
+    parser: argparse.ArgumentParser = commands.add_parser(
+        "router",
+        help="run the session-aware OpenAI-compatible router",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--host", default="0.0.0.0", help="address to bind (default: 0.0.0.0)")
+    parser.add_argument("--port", type=int, default=8080, help="port to bind (default: 8080)")
+    parser.add_argument(
+        "--namespace",
+        default=None,
+        help="namespace of the InferenceWorkers and AgentSessions (default: the pod's, or default)",
+    )
+    parser.add_argument(
+        "--kubeconfig",
+        default=None,
+        help="kubeconfig file (default: in-cluster config in a pod, else $KUBECONFIG)",
+    )
+    parser.add_argument(
+        "--replica",
+        default=None,
+        help="this replica's name, recorded on sessions it creates (default: $POD_NAME or host)",
+    )
+    headers = parser.add_argument_group("session headers")
+    headers.add_argument(
+        "--session-header",
+        default="X-Session-Id",
+        help="header with the session id (default: X-Session-Id); the "
+        "Claude Code, Codex and OpenCode headers are recognised as well",
+    )
+    headers.add_argument(
+        "--parent-header",
+        default="X-Parent-Session-Id",
+        help="header with the parent session id (default: X-Parent-Session-Id)",
+    )
+    headers.add_argument(
+        "--final-header",
+        default="X-Session-Final",
+        help="header marking a session's last turn (default: X-Session-Final)",
+    )
+    timing = parser.add_argument_group("timing")
+    timing.add_argument(
+        "--flush-interval",
+        type=_positive_float,
+        default=10.0,
+        help="seconds between usage writes to one session's status (default: 10)",
+    )
+    timing.add_argument(
+        "--flush-writes-per-second",
+        type=_positive_float,
+        default=50.0,
+        help="most usage writes started per second, all sessions together (default: 50)",
+    )
+    timing.add_argument(
+        "--hold-timeout",
+        type=_positive_float,
+        default=30.0,
+        help="seconds a turn of a Migrating or Restoring session waits before a 503 (default: 30)",
+    )
+    timing.add_argument(
+        "--retry-after",
+        type=_positive_int,
+        default=5,
+        help="Retry-After seconds on 503 answers (default: 5)",
+    )
+    timing.add_argument(
+        "--sync-timeout",
+        type=_positive_float,
+        default=10.0,
+        help="seconds a request waits for the bindings to load at start (default: 10)",
+    )
+    timing.add_argument(
+        "--create-timeout",
+        type=_positive_float,
+        default=5.0,
+        help="seconds a first turn waits to record its session (default: 5)",
+    )
+    timing.add_argument(
+        "--connect-timeout",
+        type=_positive_float,
+        default=5.0,
+        help="seconds to connect to a worker (default: 5)",
+    )
+    timing.add_argument(
+        "--read-timeout",
+        type=_positive_float,
+        default=600.0,
+        help="seconds without a byte from a worker before giving up (default: 600)",
+    )
+    parser.add_argument(
+        "--max-body-bytes",
+        type=_positive_int,
+        default=64 << 20,
+        help="largest request body accepted (default: 64 MiB)",
+    )
+    parser.add_argument("--log-level", default="INFO", help="logging level (default: INFO)")
+    parser.set_defaults(func=run)
+    return parser
+
+
+def settings_from_args(args: argparse.Namespace) -> RouterSettings:
+    """Return the router's settings from the parsed flags."""
+    from sessionfleet.router.identity import HeaderConfig
+    from sessionfleet.router.proxy import RouterConfig
+    from sessionfleet.router.server import RouterSettings
+
+    return RouterSettings(
+        namespace=args.namespace or default_namespace(),
+        replica=args.replica or os.environ.get("POD_NAME") or socket.gethostname(),
+        config=RouterConfig(
+            headers=HeaderConfig(args.session_header, args.parent_header, args.final_header),
+            hold_timeout=args.hold_timeout,
+            retry_after=args.retry_after,
+            sync_timeout=args.sync_timeout,
+            max_body_bytes=args.max_body_bytes,
+        ),
+        flush_interval=args.flush_interval,
+        flush_writes_per_second=args.flush_writes_per_second,
+        create_timeout=args.create_timeout,
+        connect_timeout=args.connect_timeout,
+        read_timeout=args.read_timeout,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the ``router`` subcommand; return the exit status."""
+    import asyncio
+    import logging
+
+    # Imported here so that other subcommands start without aiohttp and httpx.
+    from sessionfleet.kube import Kube, KubeConfig
+    from sessionfleet.router.server import serve
+
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    settings = settings_from_args(args)
+    try:
+        kube_config = KubeConfig.load(args.kubeconfig)
+    except Exception as error:  # the kubernetes loader raises many kinds
+        print(f"router: cannot load the Kubernetes configuration: {error}", file=sys.stderr)
+        return 2
+
+    async def main() -> None:
+        kube = Kube(kube_config, user_agent=f"sessionfleet-router/{settings.replica}")
+        await serve(kube, settings, args.host, args.port)
+
+    try:
+        asyncio.run(main())
+    except OSError as error:
+        print(f"router: cannot serve on {args.host}:{args.port}: {error}", file=sys.stderr)
+        return 1
+    return 0

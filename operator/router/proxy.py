@@ -1,0 +1,415 @@
+"""The hot path: one turn in, one turn out, no API server call for a bound session.
+
+For each request: read the body (bytes, never decoded whole), find the session in the
+headers and the model in the body, look the session's worker up in the in-memory
+table (creating the session on its first turn), forward the bytes to the worker with
+aiohttp's client, and pass the answer back. Streams are written to the client chunk by
+chunk as they arrive; only the last 16 KiB are kept, to read the usage from the final
+chunk. The usage is added to the session's pending delta (:mod:`.ledger`) after the
+answer has been sent.
+
+Added latency (``sessionfleet_router_added_latency_seconds``) is the request's time in
+the router less the time spent waiting for the worker (for its headers and for each
+chunk) and for a held turn's session to be bound again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from time import perf_counter
+from typing import Final
+
+import aiohttp
+from aiohttp import web
+from multidict import CIMultiDict, CIMultiDictProxy
+from yarl import URL
+
+from sessionfleet.engines import FORWARDED_SESSION_HEADER
+from sessionfleet.engines.vllm import Usage
+from sessionfleet.router.bindings import HELD_PHASES, BindingTable, SessionView, WorkerView
+from sessionfleet.router.body import TAIL_BYTES, BodyError, find_model, usage_in_body, usage_in_tail
+from sessionfleet.router.errors import RouterError
+from sessionfleet.router.identity import HeaderConfig, Identity, IdentityError, identify
+from sessionfleet.router.kubesync import Flusher, SessionCreator
+from sessionfleet.router.ledger import UsageLedger, turn_totals
+from sessionfleet.router.metrics import RouterMetrics
+
+logger = logging.getLogger("sessionfleet.router")
+
+WORKER_HEADER: Final = "X-Sessionfleet-Worker"
+"""Added to every forwarded answer: the InferenceWorker that served it."""
+SESSION_HEADER: Final = "X-Sessionfleet-Session"
+"""Added to every answer of a session's turn: the AgentSession's object name."""
+
+# Hop-by-hop headers (RFC 9110 7.6.1) and those the client library sets itself.
+_REQUEST_SKIP: Final = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+        # The router has read the whole body already; an upstream 100 Continue would
+        # only be an interim answer to skip.
+        "expect",
+        FORWARDED_SESSION_HEADER.lower(),
+    }
+)
+_RESPONSE_SKIP: Final = frozenset(
+    {"connection", "keep-alive", "transfer-encoding", "content-length", "upgrade", "trailer"}
+)
+_BUFFERED_RESPONSE_MAX: Final = 1 << 20
+"""Non-streamed answers up to 1 MiB are read whole and sent in one write."""
+
+
+@dataclass(frozen=True, slots=True)
+class RouterConfig:
+    """How the router behaves (the ``router`` command's flags)."""
+
+    headers: HeaderConfig = field(default_factory=HeaderConfig)
+    hold_timeout: float = 30.0
+    retry_after: int = 5
+    sync_timeout: float = 10.0
+    max_body_bytes: int = 64 << 20
+
+
+def _forward_headers(incoming: CIMultiDictProxy[str], session_id: str | None) -> CIMultiDict[str]:
+    headers: CIMultiDict[str] = CIMultiDict()
+    for name, value in incoming.items():
+        if name.lower() not in _REQUEST_SKIP:
+            headers.add(name, value)
+    if session_id is not None:
+        headers[FORWARDED_SESSION_HEADER] = session_id
+    return headers
+
+
+def _response_headers(upstream: CIMultiDictProxy[str], worker: str) -> CIMultiDict[str]:
+    headers: CIMultiDict[str] = CIMultiDict()
+    for name, value in upstream.items():
+        if name.lower() not in _RESPONSE_SKIP:
+            headers.add(name, value)
+    headers[WORKER_HEADER] = worker
+    return headers
+
+
+@dataclass(slots=True)
+class _Turn:
+    """What one request turned out to be, for accounting once it is answered."""
+
+    route: str = "other"
+    status: int = 500
+    waited: float = 0.0
+    """Seconds spent waiting for the worker or for a held session."""
+    worker: WorkerView | None = None
+    session: SessionView | None = None
+    identity: Identity | None = None
+    created: bool = False
+    usage: Usage | None = None
+    completed: bool = False
+
+
+class Proxy:
+    """The request handlers of one router."""
+
+    def __init__(
+        self,
+        config: RouterConfig,
+        table: BindingTable,
+        ledger: UsageLedger,
+        metrics: RouterMetrics,
+        creator: SessionCreator,
+        flusher: Flusher,
+        client: aiohttp.ClientSession,
+    ) -> None:
+        self.config = config
+        self.table = table
+        self.ledger = ledger
+        self.metrics = metrics
+        self.creator = creator
+        self.flusher = flusher
+        self.client = client
+        self._urls: dict[tuple[str, str], URL] = {}
+
+    # --- the turn ---------------------------------------------------------------------
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        """Route one OpenAI-compatible POST to its worker."""
+        start = perf_counter()
+        turn = _Turn()
+        self.metrics.in_flight.inc()
+        try:
+            response = await self._route(request, turn)
+            turn.status = response.status
+            return response
+        except RouterError as error:
+            turn.status = error.status
+            return error.response()
+        finally:
+            self.metrics.in_flight.dec()
+            self.metrics.request(turn.route, turn.status, perf_counter() - start - turn.waited)
+            if turn.completed:
+                self._account(turn)
+
+    async def _route(self, request: web.Request, turn: _Turn) -> web.StreamResponse:
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge as error:
+            raise RouterError(
+                413, "body_too_large", f"the body exceeds {self.config.max_body_bytes} bytes"
+            ) from error
+        try:
+            identity = identify(request.headers, self.config.headers)
+            model = find_model(body)
+        except (IdentityError, BodyError) as error:
+            code = "invalid_session_id" if isinstance(error, IdentityError) else "invalid_body"
+            raise RouterError(400, code, str(error)) from error
+        if not self.table.synced:
+            await self._wait_synced(turn)
+        if identity is not None:
+            session, turn.created = await self.creator.ensure(identity, model)
+            if session.model == model:
+                turn.route, turn.identity = "session", identity
+                turn.worker, turn.session = await self._bound_worker(session, turn), session
+        if turn.worker is None:
+            # No session, or a side request of a session for another model (agents ask
+            # a small model for titles and summaries under the same session id).
+            turn.route, turn.worker = "stateless", self._stateless(model)
+        return await self._forward(request, body, turn)
+
+    def _stateless(self, model: str) -> WorkerView:
+        worker = self.table.least_loaded(model)
+        if worker is not None:
+            return worker
+        if self.table.has_model(model):
+            raise RouterError(
+                503,
+                "no_ready_worker",
+                f"no InferenceWorker serving {model!r} is Ready",
+                retry_after=self.config.retry_after,
+            )
+        raise RouterError(404, "model_not_found", f"no InferenceWorker serves {model!r}")
+
+    async def _wait_synced(self, turn: _Turn) -> None:
+        started = perf_counter()
+        deadline = asyncio.get_running_loop().time() + self.config.sync_timeout
+        while not self.table.synced:
+            remaining = deadline - asyncio.get_running_loop().time()
+            if remaining <= 0:
+                raise RouterError(
+                    503,
+                    "router_not_ready",
+                    "the router has not loaded the bindings from the Kubernetes API yet",
+                    retry_after=1,
+                )
+            try:
+                await asyncio.wait_for(self.table.changed().wait(), remaining)
+            except TimeoutError:
+                pass
+        turn.waited += perf_counter() - started
+
+    def _decide(self, session: SessionView) -> WorkerView | str:
+        """Return the worker for a bound session's turn, or why the turn must wait."""
+        if session.phase == "Finished":
+            raise RouterError(
+                409,
+                "session_finished",
+                f"session {session.session_id} is finished; start a new session id",
+            )
+        if session.phase in HELD_PHASES:
+            return f"is {session.phase}"
+        if session.phase == "Lost":
+            # Its worker was deleted and the operator does not rebind it: the turns go
+            # where the session id hashes among the Ready workers, the same on every
+            # replica, so the session rebuilds its cache in one place.
+            rebound = self.table.rendezvous(session.model, session.session_id)
+            return rebound if rebound is not None else "is Lost and no worker is Ready"
+        if session.worker is None:
+            return "is not bound to a worker yet"
+        worker = self.table.workers.get(session.worker)
+        if worker is None:
+            return f"is bound to worker {session.worker}, which does not exist"
+        if not worker.serving:
+            return f"is bound to worker {worker.name}, which is {worker.phase or 'not started'}"
+        return worker
+
+    async def _bound_worker(self, session: SessionView, turn: _Turn) -> WorkerView:
+        decision = self._decide(session)
+        if isinstance(decision, WorkerView):
+            return decision
+        # Hold the turn: the operator is moving or restoring the session, or its
+        # worker is coming back. Every change to the table wakes the wait.
+        loop = asyncio.get_running_loop()
+        started = perf_counter()
+        deadline = loop.time() + self.config.hold_timeout
+        self.metrics.held.inc()
+        try:
+            while True:
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    self.metrics.holds.labels("timeout").inc()
+                    raise RouterError(
+                        503,
+                        "session_held",
+                        f"session {session.session_id} {decision}; the turn waited "
+                        f"{self.config.hold_timeout:g} s",
+                        retry_after=self.config.retry_after,
+                    )
+                try:
+                    await asyncio.wait_for(self.table.changed().wait(), remaining)
+                except TimeoutError:
+                    pass
+                current = self.table.session_named(session.name)
+                if current is None:
+                    raise RouterError(
+                        503,
+                        "session_held",
+                        f"session {session.session_id} was deleted while its turn waited",
+                        retry_after=1,
+                    )
+                decision = self._decide(current)
+                if isinstance(decision, WorkerView):
+                    self.metrics.holds.labels("released").inc()
+                    return decision
+        finally:
+            self.metrics.held.dec()
+            turn.waited += perf_counter() - started
+
+    async def _forward(self, request: web.Request, body: bytes, turn: _Turn) -> web.StreamResponse:
+        worker = turn.worker
+        assert worker is not None and worker.endpoint is not None
+        session_id = turn.identity.session_id if turn.identity else None
+        url = self._url(worker.endpoint, request.path_qs)
+        headers = _forward_headers(request.headers, session_id)
+        worker.in_flight += 1
+        sent = perf_counter()
+        try:
+            async with self.client.post(url, data=body, headers=headers) as upstream:
+                turn.waited += perf_counter() - sent
+                length = upstream.content_length
+                streamed = (
+                    upstream.content_type == "text/event-stream"
+                    or length is None
+                    or length > _BUFFERED_RESPONSE_MAX
+                )
+                if streamed:
+                    return await self._stream(request, upstream, turn)
+                waiting = perf_counter()
+                data = await upstream.read()
+                turn.waited += perf_counter() - waiting
+                response = web.Response(
+                    status=upstream.status,
+                    reason=upstream.reason,
+                    body=data,
+                    headers=self._headers(upstream, turn),
+                )
+                if upstream.status == 200:
+                    turn.usage, turn.completed = usage_in_body(data), True
+                return response
+        except TimeoutError as error:
+            raise RouterError(
+                502, "upstream_timeout", f"worker {worker.name} did not answer in time"
+            ) from error
+        except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError) as error:
+            raise RouterError(
+                502, "upstream_unreachable", f"worker {worker.name} at {worker.endpoint}: {error}"
+            ) from error
+        except aiohttp.ClientError as error:
+            raise RouterError(
+                502, "upstream_error", f"worker {worker.name} at {worker.endpoint}: {error!r}"
+            ) from error
+        finally:
+            worker.in_flight -= 1
+
+    def _url(self, endpoint: str, path: str) -> URL:
+        # Parsing a URL costs more than the dict lookup; a fleet has few distinct ones.
+        key = (endpoint, path)
+        url = self._urls.get(key)
+        if url is None:
+            if len(self._urls) > 4096:
+                self._urls.clear()
+            url = self._urls[key] = URL(endpoint + path, encoded=True)
+        return url
+
+    def _headers(self, upstream: aiohttp.ClientResponse, turn: _Turn) -> CIMultiDict[str]:
+        assert turn.worker is not None
+        headers = _response_headers(upstream.headers, turn.worker.name)
+        if turn.session is not None:
+            headers[SESSION_HEADER] = turn.session.name
+        return headers
+
+    async def _stream(
+        self, request: web.Request, upstream: aiohttp.ClientResponse, turn: _Turn
+    ) -> web.StreamResponse:
+        response = web.StreamResponse(
+            status=upstream.status, reason=upstream.reason, headers=self._headers(upstream, turn)
+        )
+        await response.prepare(request)
+        tail = bytearray()
+        chunks = upstream.content.iter_any().__aiter__()
+        finished = False
+        try:
+            while True:
+                waiting = perf_counter()
+                try:
+                    chunk = await chunks.__anext__()
+                except StopAsyncIteration:
+                    finished = True
+                    break
+                finally:
+                    turn.waited += perf_counter() - waiting
+                await response.write(chunk)
+                tail += chunk
+                if len(tail) > 2 * TAIL_BYTES:
+                    del tail[:-TAIL_BYTES]
+        except (aiohttp.ClientError, TimeoutError) as error:
+            # The status line is gone already: report the failure in the stream itself.
+            logger.warning("stream from worker %s broke: %r", upstream.url.host, error)
+            message = f"the worker's stream ended early: {error!r}".replace('"', "'")
+            await response.write(
+                b'data: {"error": {"message": "' + message.encode() + b'", '
+                b'"type": "upstream_error", "code": "upstream_error"}}\n\n'
+            )
+        except ConnectionResetError:
+            return response  # the client went away; nothing to account
+        await response.write_eof()
+        if finished and upstream.status == 200:
+            turn.usage, turn.completed = usage_in_tail(bytes(tail)), True
+        return response
+
+    # --- after the answer ---------------------------------------------------------------
+
+    def _account(self, turn: _Turn) -> None:
+        assert turn.worker is not None
+        self.metrics.usage(turn.worker.name, turn.usage)
+        if turn.session is None or turn.identity is None:
+            return
+        name = turn.session.name
+        current = self.table.session_named(name) or turn.session
+        first = turn.created or (current.usage.turns == 0 and self.ledger.pending(name) is None)
+        self.ledger.record(name, turn_totals(turn.usage, first_turn=first, now=time.time()))
+        if turn.identity.final:
+            self.flusher.finish(name)
+
+    # --- other endpoints -----------------------------------------------------------------
+
+    async def models(self, _: web.Request) -> web.Response:
+        """``GET /v1/models``: the models Ready workers serve."""
+        models = sorted({w.model for w in self.table.workers.values() if w.ready})
+        data = [{"id": m, "object": "model", "owned_by": "sessionfleet"} for m in models]
+        return web.json_response({"object": "list", "data": data})
+
+    async def not_found(self, request: web.Request) -> web.Response:
+        """Any other path or method."""
+        if request.path.startswith("/v1/") and request.method != "POST":
+            return RouterError(
+                405, "method_not_allowed", f"{request.method} {request.path}: use POST"
+            ).response()
+        return RouterError(404, "not_found", f"the router does not serve {request.path}").response()

@@ -1,0 +1,116 @@
+"""Usage aggregation and flush coalescing, in virtual time."""
+
+from __future__ import annotations
+
+import pytest
+
+from sessionfleet.engines.vllm import Usage
+from sessionfleet.router.ledger import Totals, UsageLedger, rfc3339, status_patch, turn_totals
+
+T0 = 1_800_000_000.0
+
+
+def test_many_turns_within_an_interval_make_one_write() -> None:
+    ledger = UsageLedger(interval=10)
+    for second in range(30):
+        ledger.record("s", turn_totals(Usage(100, 1, 90), first_turn=False, now=T0 + second))
+        for name in ledger.due(T0 + second):
+            ledger.take(name, T0 + second)
+    # Turns every second for 30 s, interval 10 s: written at 0, 10 and 20 only.
+    assert ledger.pending("s") == Totals(9, 900, 810, 9, 90, T0 + 29)
+    assert ledger.due(T0 + 29) == []
+    assert ledger.due(T0 + 30) == ["s"]
+
+
+def test_first_write_is_not_delayed_and_sessions_are_independent() -> None:
+    ledger = UsageLedger(interval=10)
+    ledger.record("a", Totals(turns=1))
+    assert ledger.due(T0) == ["a"]
+    ledger.take("a", T0)
+    ledger.record("a", Totals(turns=1))
+    ledger.record("b", Totals(turns=1))
+    assert ledger.due(T0 + 1) == ["b"]
+
+
+def test_a_failed_write_is_merged_back() -> None:
+    ledger = UsageLedger(interval=10)
+    ledger.record("s", Totals(turns=2, prompt_tokens=10))
+    delta = ledger.take("s", T0)
+    assert delta is not None and ledger.pending("s") is None
+    ledger.record("s", Totals(turns=1, prompt_tokens=5))
+    ledger.give_back("s", delta)
+    assert ledger.pending("s") == Totals(turns=3, prompt_tokens=15)
+    ledger.forget("s")
+    assert len(ledger) == 0 and ledger.due(T0 + 100) == []
+
+
+def test_prune_keeps_memory_bounded() -> None:
+    ledger = UsageLedger(interval=10)
+    for n in range(100):
+        ledger.record(f"s{n}", Totals(turns=1))
+        ledger.take(f"s{n}", T0)
+    ledger.prune(T0 + 10)
+    ledger.record("s1", Totals(turns=1))
+    assert ledger.due(T0 + 10) == ["s1"]
+    assert len(ledger._flushed_at) == 0
+
+
+def test_recomputed_tokens_count_after_the_first_turn_only() -> None:
+    assert turn_totals(Usage(1000, 5, 0), first_turn=True, now=T0).recomputed_tokens == 0
+    assert turn_totals(Usage(1000, 5, 900), first_turn=False, now=T0).recomputed_tokens == 100
+    assert turn_totals(Usage(1000, 5, None), first_turn=False, now=T0).recomputed_tokens == 1000
+    assert turn_totals(None, first_turn=False, now=T0) == Totals(turns=1, last_activity=T0)
+
+
+def test_status_patch_adds_the_delta_to_what_was_observed() -> None:
+    observed = Totals.from_status(
+        {
+            "turns": 3,
+            "promptTokens": 300,
+            "cachedTokens": 200,
+            "completionTokens": 6,
+            "recomputedTokens": 40,
+            "lastActivity": "2027-01-15T08:00:00Z",
+            "phase": "Bound",
+        }
+    )
+    patch = status_patch(observed, Totals(2, 100, 100, 2, 0, T0), "42")
+    assert patch == {
+        "metadata": {"resourceVersion": "42"},
+        "status": {
+            "turns": 5,
+            "promptTokens": 400,
+            "cachedTokens": 300,
+            "completionTokens": 8,
+            "recomputedTokens": 40,
+            "hitRatePercent": 75.0,
+            "lastActivity": rfc3339(max(T0, observed.last_activity)),
+        },
+    }
+
+
+def test_status_patch_of_nothing_yet() -> None:
+    patch = status_patch(Totals(), Totals(turns=1), "1")
+    assert patch["status"]["hitRatePercent"] == 0.0
+    assert "lastActivity" not in patch["status"]
+
+
+def test_rfc3339() -> None:
+    assert rfc3339(0) == "1970-01-01T00:00:00Z"
+    assert Totals.from_status({"lastActivity": rfc3339(T0)}).last_activity == T0
+    assert Totals.from_status({"lastActivity": "garbage", "turns": -3}) == Totals()
+
+
+def test_interval_must_be_positive() -> None:
+    with pytest.raises(ValueError):
+        UsageLedger(interval=0)
+
+
+def test_due_is_bounded_and_oldest_first() -> None:
+    ledger = UsageLedger(interval=10)
+    for name in ("a", "b", "c"):
+        ledger.record(name, Totals(turns=1))
+    assert ledger.due(T0, limit=2) == ["a", "b"]
+    ledger.take("a", T0)
+    ledger.record("a", Totals(turns=1))  # pending again, now behind b and c
+    assert ledger.due(T0 + 10, limit=3) == ["b", "c", "a"]
