@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -21,11 +22,13 @@ from kubernetes import client
 from e2e.helpers import Kubectl, wait_until
 from e2e.localcluster import container_id_pid
 from e2e.operator import (
+    SESSIONFLEET,
     Custom,
     OperatorProcess,
     bound_to,
     condition,
     drain_policy,
+    free_port,
     on_own_nodes,
     ready_workers,
     session,
@@ -270,3 +273,108 @@ def test_a_migration_waits_for_every_live_router_to_acknowledge(
     )
     status = crs.status("agentsessions", "s0")
     assert status["phase"] == "Bound" and "migratingSince" not in status
+
+
+def test_a_drain_through_two_real_routers_moves_the_session_between_turns(
+    operator: OperatorProcess,
+    crs: Custom,
+    cluster: Any,
+    namespace: str,
+    own_nodes: list[str],
+    kubectl: Kubectl,
+    tmp_path: Path,
+) -> None:
+    crs.create(drain_policy("move", mode="Migrate", deadline="5m"))
+    crs.create(on_own_nodes(checkpointed_worker("src", tmp_path), namespace, own_nodes[0]))
+    crs.create(on_own_nodes(checkpointed_worker("dst", tmp_path), namespace, own_nodes[1]))
+    ready_workers(crs, 2, operator)
+    routers = [RouterProcess(cluster.kubeconfig, namespace, f"r{i}", tmp_path) for i in (1, 2)]
+    try:
+        for router in routers:
+            router.start()
+        urls = [router.url for router in routers]
+        crs.create(session("agent", workerPin="src"))  # where its first turn lands
+        wait_until(crs.all_in_phase("agentsessions", "Bound", 1), timeout=30, what="bound")
+        history = [{"role": "system", "content": SYSTEM}]
+        for step in range(10):
+            last = via_router(urls[step % 2], "id-agent", history, f"turn {step}")
+        assert last.headers["x-sessionfleet-worker"] == "src"
+
+        kubectl("cordon", own_nodes[0])
+        wait_for(
+            operator,
+            lambda: bound_to(crs) == {"agent": "dst"},
+            timeout=60,
+            what="the session moved once both routers acknowledged",
+        )
+        acks = crs.get("agentsessions", "agent")["metadata"].get("annotations", {})
+        assert {"ack.sessionfleet.dev/r1", "ack.sessionfleet.dev/r2"} <= set(acks)
+        moved = via_router(urls[0], "id-agent", history, "the next turn")
+        assert moved.headers["x-sessionfleet-worker"] == "dst"
+        usage = moved.json()["usage"]
+        assert usage["prompt_tokens_details"]["cached_tokens"] >= usage["prompt_tokens"] - 64
+    finally:
+        for router in routers:
+            router.stop()
+
+
+class RouterProcess:
+    """``sessionfleet router`` for one namespace on a free loopback port."""
+
+    def __init__(self, kubeconfig: Path, namespace: str, replica: str, logs: Path) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.argv = [
+            str(SESSIONFLEET),
+            "router",
+            "--host=127.0.0.1",
+            f"--port={self.port}",
+            f"--namespace={namespace}",
+            f"--kubeconfig={kubeconfig}",
+            f"--replica={replica}",
+            "--flush-interval=1",
+            "--create-timeout=30",
+        ]
+        self.log = logs / f"router-{replica}.log"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with self.log.open("ab") as log:
+            self.process = subprocess.Popen(
+                self.argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "PYTHONSAFEPATH": "1"},
+            )
+        wait_until(
+            lambda: httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200,
+            timeout=30,
+            what=f"router at {self.url}",
+        )
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=5)
+
+
+def via_router(
+    url: str, session_id: str, history: list[dict[str, str]], text: str
+) -> httpx.Response:
+    """One turn through a router, with the generic session header."""
+    history.append({"role": "user", "content": text})
+    response = httpx.post(
+        f"{url}/v1/chat/completions",
+        json={"model": "m", "messages": history, "max_tokens": 16},
+        headers={"X-Session-Id": session_id},
+        timeout=60,
+    )
+    response.raise_for_status()
+    history.append(
+        {"role": "assistant", "content": response.json()["choices"][0]["message"]["content"]}
+    )
+    return response

@@ -93,7 +93,8 @@ class FakeKube:
     async def create(
         self, resource: Resource, body: dict[str, Any], namespace: str | None = None
     ) -> dict[str, Any]:
-        self.creates += 1
+        if resource.plural != "leases":
+            self.creates += 1
         key = (resource.plural, body["metadata"]["name"])
         if key in self.objects:
             raise Conflict(409, "already exists", {"reason": "AlreadyExists"})
@@ -120,7 +121,8 @@ class FakeKube:
         status: bool = False,
         **_: Any,
     ) -> dict[str, Any]:
-        self.patches.append((name, copy.deepcopy(body), status))
+        if resource.plural != "leases":  # the replica's heartbeat is not a session write
+            self.patches.append((name, copy.deepcopy(body), status))
         key = (resource.plural, name)
         if key not in self.objects:
             raise NotFound(404, f"{name} not found")
@@ -132,8 +134,22 @@ class FakeKube:
             merge(obj.setdefault("status", {}), body.get("status") or {})
         else:
             merge(obj, {k: v for k, v in body.items() if k not in ("status", "metadata")})
+            meta = {k: v for k, v in (body.get("metadata") or {}).items() if k != "resourceVersion"}
+            merge(obj["metadata"], meta)
         self._store(resource.plural, obj, "MODIFIED")
         return copy.deepcopy(obj)
+
+    async def delete(
+        self, resource: Resource, name: str, namespace: str | None = None, **_: Any
+    ) -> dict[str, Any]:
+        try:
+            obj = self.objects.pop((resource.plural, name))
+        except KeyError:
+            raise NotFound(404, f"{name} not found") from None
+        self.revision += 1
+        self.events.append((self.revision, resource.plural, "DELETED", copy.deepcopy(obj)))
+        self._wake()
+        return obj
 
     async def aclose(self) -> None:
         return None

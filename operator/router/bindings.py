@@ -89,6 +89,10 @@ class SessionView:
     resource_version: str
     usage: Totals = field(default_factory=Totals)
     parent_id: str | None = None
+    migrating_since: str | None = None
+    """While Migrating: the operator's migratingSince, as written (the handshake's stamp)."""
+    acks: dict[str, str] = field(default_factory=dict)
+    """Annotations acknowledging a migration, ``ack.sessionfleet.dev/<replica>``."""
 
     @property
     def pins_worker(self) -> bool:
@@ -111,6 +115,12 @@ class SessionView:
             resource_version=str(meta.get("resourceVersion", "")),
             usage=Totals.from_status(status),
             parent_id=spec.get("parentSessionId"),
+            migrating_since=status.get("migratingSince"),
+            acks={
+                k: v
+                for k, v in (meta.get("annotations") or {}).items()
+                if k.startswith("ack.sessionfleet.dev/")
+            },
         )
 
 

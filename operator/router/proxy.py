@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from time import perf_counter
 from typing import Final
@@ -137,6 +138,10 @@ class Proxy:
         self.flusher = flusher
         self.client = client
         self._urls: dict[tuple[str, str], URL] = {}
+        # Turns in flight per session, and a signal when a session's last one ends: the
+        # handshake acknowledges a migration only at a turn boundary.
+        self.session_turns: Counter[str] = Counter()
+        self.turn_ended = asyncio.Event()
 
     # --- the turn ---------------------------------------------------------------------
 
@@ -289,6 +294,9 @@ class Proxy:
         url = self._url(worker.endpoint, request.path_qs)
         headers = _forward_headers(request.headers, session_id)
         worker.in_flight += 1
+        session_name = turn.session.name if turn.session is not None else None
+        if session_name is not None:
+            self.session_turns[session_name] += 1
         sent = perf_counter()
         try:
             async with self.client.post(url, data=body, headers=headers) as upstream:
@@ -327,6 +335,11 @@ class Proxy:
             ) from error
         finally:
             worker.in_flight -= 1
+            if session_name is not None:
+                self.session_turns[session_name] -= 1
+                if not self.session_turns[session_name]:
+                    del self.session_turns[session_name]
+                    self.turn_ended.set()
 
     def _url(self, endpoint: str, path: str) -> URL:
         # Parsing a URL costs more than the dict lookup; a fleet has few distinct ones.

@@ -16,6 +16,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from sessionfleet.kube import Kube
 from sessionfleet.router.bindings import BindingTable
+from sessionfleet.router.handshake import Acknowledger, LeaseKeeper
 from sessionfleet.router.kubesync import (
     FLUSH_TICK,
     Flusher,
@@ -121,10 +122,21 @@ class Router:
                 client,
             )
             namespace = self.settings.namespace
+            lease = LeaseKeeper(self.kube, namespace, self.settings.replica)
+            acknowledger = Acknowledger(
+                self.kube,
+                namespace,
+                self.settings.replica,
+                self.table,
+                self._proxy.session_turns,
+                self._proxy.turn_ended,
+            )
             self._tasks = [
                 asyncio.create_task(watch_workers(self.kube, namespace, self.table)),
                 asyncio.create_task(watch_sessions(self.kube, namespace, self.table, self.ledger)),
                 asyncio.create_task(self.flusher.run(self.settings.flush_tick)),
+                asyncio.create_task(lease.run()),
+                asyncio.create_task(acknowledger.run()),
             ]
             try:
                 yield
@@ -137,6 +149,7 @@ class Router:
                         await self.flusher.flush_all()
                 except TimeoutError:
                     logger.warning("usage of %d sessions was not written", len(self.ledger))
+                await lease.release()
 
     @property
     def proxy(self) -> Proxy:

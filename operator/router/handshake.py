@@ -1,0 +1,147 @@
+"""The router's half of the turn-boundary handshake (see :mod:`sessionfleet.policy.handshake`).
+
+* :class:`LeaseKeeper` keeps this replica's Lease fresh, so the operator knows which
+  replicas are alive and must acknowledge a migration;
+* :class:`Acknowledger` watches the binding table: for every Migrating session that
+  has no turn in flight through this replica, it writes the acknowledgement
+  ``ack.sessionfleet.dev/<replica>: <migratingSince>``. The proxy holds the session's
+  next turns meanwhile (Migrating is a held phase), so once acknowledged no new turn
+  can start here until the operator has rebound the session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+from datetime import UTC, datetime
+from typing import Any, Final
+
+from sessionfleet.kube import LEASES, SESSIONS, Conflict, Kube, KubeError, NotFound
+from sessionfleet.policy.handshake import ACK_PREFIX, ROUTER_COMPONENT, ROUTER_COMPONENT_LABEL
+from sessionfleet.router.bindings import BindingTable
+
+logger = logging.getLogger("sessionfleet.router")
+
+LEASE_DURATION_SECONDS: Final = 15
+RENEW_EVERY_SECONDS: Final = 5.0
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+class LeaseKeeper:
+    """Creates and renews ``router-<replica>``; deletes it on a clean shutdown."""
+
+    def __init__(self, kube: Kube, namespace: str, replica: str) -> None:
+        self.kube = kube
+        self.namespace = namespace
+        self.replica = replica
+        self.name = f"router-{replica}"[:253]
+
+    def _body(self) -> dict[str, Any]:
+        now = _now()
+        return {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {
+                "name": self.name,
+                "labels": {ROUTER_COMPONENT_LABEL: ROUTER_COMPONENT},
+            },
+            "spec": {
+                "holderIdentity": self.replica,
+                "leaseDurationSeconds": LEASE_DURATION_SECONDS,
+                "acquireTime": now,
+                "renewTime": now,
+            },
+        }
+
+    async def renew(self) -> None:
+        """Create the Lease, or move its renewTime forward."""
+        try:
+            await self.kube.patch(
+                LEASES,
+                self.name,
+                {"spec": {"renewTime": _now(), "holderIdentity": self.replica}},
+                self.namespace,
+            )
+        except NotFound:
+            try:
+                await self.kube.create(LEASES, self._body(), self.namespace)
+            except Conflict:
+                pass
+
+    async def run(self) -> None:
+        """Renew forever; a failed renewal is retried at the next tick."""
+        while True:
+            try:
+                await self.renew()
+            except KubeError as error:
+                logger.warning("cannot renew lease %s: %s", self.name, error)
+            await asyncio.sleep(RENEW_EVERY_SECONDS)
+
+    async def release(self) -> None:
+        """Delete the Lease, so no migration waits for a replica that stopped."""
+        try:
+            await self.kube.delete(LEASES, self.name, self.namespace)
+        except KubeError:
+            pass
+
+
+class Acknowledger:
+    """Acknowledges Migrating sessions once none of their turns is in flight here."""
+
+    def __init__(
+        self,
+        kube: Kube,
+        namespace: str,
+        replica: str,
+        table: BindingTable,
+        in_flight: Counter[str],
+        turn_ended: asyncio.Event,
+    ) -> None:
+        self.kube = kube
+        self.namespace = namespace
+        self.key = f"{ACK_PREFIX}{replica}"
+        self.table = table
+        self.in_flight = in_flight
+        self.turn_ended = turn_ended
+        self._acknowledged: set[tuple[str, str]] = set()
+
+    def pending(self) -> list[tuple[str, str]]:
+        """Sessions (name, migratingSince) this replica may acknowledge now."""
+        due = []
+        for session in self.table.sessions():
+            since = session.migrating_since
+            if session.phase != "Migrating" or since is None:
+                continue
+            if session.acks.get(self.key) == since or (session.name, since) in self._acknowledged:
+                continue
+            if self.in_flight[session.name] == 0:
+                due.append((session.name, since))
+        return due
+
+    async def acknowledge(self, name: str, since: str) -> None:
+        """Write this replica's acknowledgement on the session."""
+        body = {"metadata": {"annotations": {self.key: since}}}
+        try:
+            await self.kube.patch(SESSIONS, name, body, self.namespace)
+        except NotFound:
+            return
+        self._acknowledged.add((name, since))
+
+    async def run(self) -> None:
+        """Acknowledge whatever is due, on every table change and every finished turn."""
+        while True:
+            for name, since in self.pending():
+                try:
+                    await self.acknowledge(name, since)
+                except KubeError as error:
+                    logger.warning("cannot acknowledge the migration of %s: %s", name, error)
+            changed = asyncio.ensure_future(self.table.changed().wait())
+            ended = asyncio.ensure_future(self.turn_ended.wait())
+            await asyncio.wait({changed, ended}, timeout=1.0, return_when=asyncio.FIRST_COMPLETED)
+            for waiter in (changed, ended):
+                waiter.cancel()
+            self.turn_ended.clear()
