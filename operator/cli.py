@@ -14,6 +14,7 @@ from pathlib import Path
 from sessionfleet._version import __version__
 from sessionfleet.agent import cli as agent_cli
 from sessionfleet.api.crd import render_crds
+from sessionfleet.api.crd_templates import render_chart_crds
 from sessionfleet.controllers import run as operator_cli
 from sessionfleet.engines.sim import cli as sim_engine_cli
 from sessionfleet.fleetsim import cli as fleetsim_cli
@@ -26,14 +27,16 @@ def _cmd_version(_: argparse.Namespace) -> int:
 
 
 def _cmd_crds(args: argparse.Namespace) -> int:
-    out_dir = Path(args.output_dir)
-    rendered = render_crds()
+    targets = [(Path(args.output_dir), render_crds())]
+    if args.chart_dir:
+        targets.append((Path(args.chart_dir), render_chart_crds()))
     if args.check:
-        return _check_crds(out_dir, rendered)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for name, text in rendered.items():
-        (out_dir / name).write_text(text)
-        print(f"wrote {out_dir / name}")
+        return max([_check_crds(out_dir, rendered) for out_dir, rendered in targets])
+    for out_dir, rendered in targets:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for name, text in rendered.items():
+            (out_dir / name).write_text(text)
+            print(f"wrote {out_dir / name}")
     return 0
 
 
@@ -80,6 +83,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--output-dir", default="crds", help="directory for the YAML files (default: crds)"
     )
     crds.add_argument(
+        "--chart-dir",
+        help="also write the Helm chart's CRD templates here (charts/sessionfleet/templates/crds)",
+    )
+    crds.add_argument(
         "--check",
         action="store_true",
         help="write nothing; exit 1 with a diff when the files drift from the models",
@@ -87,10 +94,10 @@ def build_parser() -> argparse.ArgumentParser:
     crds.set_defaults(func=_cmd_crds)
 
     sim_engine_cli.add_parser(commands)
-    operator_cli.add_parser(commands)
     fleetsim_cli.add_parser(commands)
-    agent_cli.add_parser(commands)
     router_cli.add_parser(commands)
+    operator_cli.add_parser(commands)
+    agent_cli.add_parser(commands)
     return parser
 
 

@@ -1,0 +1,54 @@
+# syntax=docker/dockerfile:1
+#
+# The sessionfleet image: one image, one entrypoint (`sessionfleet`) for the operator,
+# the router, the node agent and the simulated engine:
+#
+#   docker build -t ghcr.io/sessionfleet/sessionfleet:0.1.0 .
+#   docker run --rm ghcr.io/sessionfleet/sessionfleet:0.1.0 version
+#
+# The build stage installs the package and its dependencies into a virtual environment;
+# the final stage copies only that environment onto a slim Python, so no compiler,
+# pip cache or source tree ships. See docs/install.md.
+
+ARG PYTHON_IMAGE=python:3.11-slim
+
+FROM ${PYTHON_IMAGE} AS build
+# The source folder operator/ would shadow the standard library's `operator` module
+# for any `python -m` run from it (Python puts the working directory first on
+# sys.path); PYTHONSAFEPATH stops that.
+ENV PYTHONSAFEPATH=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+WORKDIR /src
+RUN python -m venv /opt/sessionfleet
+COPY pyproject.toml README.md ./
+COPY operator ./operator
+COPY controllers ./controllers
+RUN /opt/sessionfleet/bin/pip install --no-cache-dir . \
+    && /opt/sessionfleet/bin/sessionfleet version
+
+FROM ${PYTHON_IMAGE}
+ARG VERSION=0.1.0
+LABEL org.opencontainers.image.title="sessionfleet" \
+      org.opencontainers.image.description="Session-aware GPU inference fleets on Kubernetes: operator, router, node agent, simulated engine" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.source="https://github.com/sessionfleet/sessionfleet"
+# A fixed, unprivileged identity that matches the chart's runAsUser, so the pod
+# security context and the image agree; no home directory, no login shell.
+RUN groupadd --system --gid 65532 sessionfleet \
+    && useradd --system --uid 65532 --gid 65532 --no-create-home \
+       --home-dir /nonexistent --shell /usr/sbin/nologin sessionfleet
+COPY --from=build /opt/sessionfleet /opt/sessionfleet
+# Unbuffered logs reach `kubectl logs` at once; no .pyc writes on a read-only root
+# filesystem; PYTHONSAFEPATH as above.
+ENV PATH=/opt/sessionfleet/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONSAFEPATH=1
+WORKDIR /tmp
+USER 65532:65532
+# Operator metrics, operator health (/healthz), router and simulated engine.
+EXPOSE 8080 8081 8000
+ENTRYPOINT ["sessionfleet"]
+CMD ["--help"]

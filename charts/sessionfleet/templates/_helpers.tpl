@@ -1,0 +1,126 @@
+{{/*
+Names, labels and small pieces shared by the templates.
+*/}}
+
+{{/* The chart name, or nameOverride. */}}
+{{- define "sessionfleet.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+The prefix of every object name: fullnameOverride, or the release name, plus the chart
+name unless the release name already contains it. Truncated so that the longest suffix
+("-operator-metrics") still fits in 63 characters.
+*/}}
+{{- define "sessionfleet.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 46 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 46 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 46 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "sessionfleet.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Labels that select one component's pods: stable across upgrades. */}}
+{{- define "sessionfleet.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "sessionfleet.name" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{/* The labels every object carries, except the CRDs (see crdLabels). */}}
+{{- define "sessionfleet.labels" -}}
+{{ include "sessionfleet.crdLabels" .root }}
+app.kubernetes.io/name: {{ include "sessionfleet.name" .root }}
+app.kubernetes.io/part-of: sessionfleet
+{{- with .component }}
+app.kubernetes.io/component: {{ . }}
+{{- end }}
+{{- end }}
+
+{{/*
+The labels the generated CRD templates add to their own app.kubernetes.io/part-of.
+*/}}
+{{- define "sessionfleet.crdLabels" -}}
+helm.sh/chart: {{ include "sessionfleet.chart" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/*
+The CRDs' annotations: with crds.keep, Helm's keep policy, and Argo CD's equivalent
+(Argo CD does not read Helm's annotation), so neither `helm uninstall` nor an Argo CD
+prune deletes the CRDs and with them every object of their kinds.
+*/}}
+{{- define "sessionfleet.crdAnnotations" -}}
+{{- if .Values.crds.keep }}
+helm.sh/resource-policy: keep
+argocd.argoproj.io/sync-options: Delete=false
+{{- end }}
+{{- end }}
+
+{{/* The image reference: the digest wins over the tag; the tag defaults to appVersion. */}}
+{{- define "sessionfleet.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/* ServiceAccount names. */}}
+{{- define "sessionfleet.serviceAccountName" -}}
+{{- $sa := index .root.Values .component "serviceAccount" }}
+{{- if $sa.create }}
+{{- default (printf "%s-%s" (include "sessionfleet.fullname" .root) .component) $sa.name }}
+{{- else }}
+{{- required (printf "%s.serviceAccount.name is required when %s.serviceAccount.create is false" .component .component) $sa.name }}
+{{- end }}
+{{- end }}
+
+{{/* The namespace the router serves (and where its Role lives). */}}
+{{- define "sessionfleet.routerNamespace" -}}
+{{- default .Release.Namespace .Values.router.namespace }}
+{{- end }}
+
+{{/* The namespace of the default DrainPolicy. */}}
+{{- define "sessionfleet.drainPolicyNamespace" -}}
+{{- default (include "sessionfleet.routerNamespace" .) .Values.defaultDrainPolicy.namespace }}
+{{- end }}
+
+{{/*
+The pod-level fields shared by the operator and router pods: security context,
+pull secrets and a memory-backed /tmp (the root filesystem is read-only).
+*/}}
+{{- define "sessionfleet.podSecurity" -}}
+securityContext:
+  {{- toYaml .Values.podSecurityContext | nindent 2 }}
+{{- with .Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{- define "sessionfleet.tmpVolume" -}}
+- name: tmp
+  emptyDir:
+    medium: Memory
+    sizeLimit: 64Mi
+{{- end }}
+
+{{- define "sessionfleet.tmpMount" -}}
+- name: tmp
+  mountPath: /tmp
+{{- end }}

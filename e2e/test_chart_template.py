@@ -1,0 +1,475 @@
+"""The chart rendered by the real, pinned helm: lint, schema, and what each value does.
+
+No cluster is needed (``helm template`` renders offline); the API server's view of the
+same manifests is in test_chart.py. helm comes from ``make e2e-tools``: without it
+these tests fail, they do not skip.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from e2e.chart import CHART, REPO_ROOT, by_kind, helm, render, rules, template_text
+from sessionfleet._version import __version__
+from sessionfleet.api import DrainPolicy, parse
+
+pytestmark = pytest.mark.timeout(120)
+
+IMAGE = f"ghcr.io/sessionfleet/sessionfleet:{__version__}"
+LIST_WATCH = ("list", "watch")
+OPERATOR_NAMESPACED = {
+    *(
+        ("sessionfleet.dev", kind, verb)
+        for kind in ("inferenceworkers", "agentsessions", "drainpolicies")
+        for verb in LIST_WATCH
+    ),
+    ("sessionfleet.dev", "inferenceworkers/status", "patch"),
+    ("sessionfleet.dev", "agentsessions/status", "patch"),
+    ("sessionfleet.dev", "agentsessions", "delete"),
+    ("sessionfleet.dev", "inferenceworkers/finalizers", "update"),
+    *(("", "pods", verb) for verb in ("list", "watch", "create", "delete", "patch")),
+    ("policy", "poddisruptionbudgets", "create"),
+    ("policy", "poddisruptionbudgets", "delete"),
+    ("", "events", "create"),
+    *(
+        ("sessionfleet.dev", "workercheckpoints", verb)
+        for verb in ("list", "watch", "create", "delete")
+    ),
+    ("sessionfleet.dev", "workercheckpoints/status", "patch"),
+    ("coordination.k8s.io", "leases", "list"),
+    ("coordination.k8s.io", "leases", "watch"),
+}
+OPERATOR_CLUSTER = {
+    ("", "nodes", "list"),
+    ("", "nodes", "watch"),
+    ("apiextensions.k8s.io", "customresourcedefinitions", "list"),
+    ("apiextensions.k8s.io", "customresourcedefinitions", "watch"),
+}
+ROUTER = {
+    ("sessionfleet.dev", "inferenceworkers", "list"),
+    ("sessionfleet.dev", "inferenceworkers", "watch"),
+    *(
+        ("sessionfleet.dev", "agentsessions", verb)
+        for verb in ("list", "watch", "get", "create", "patch")
+    ),
+    ("sessionfleet.dev", "agentsessions/status", "patch"),
+    *(("coordination.k8s.io", "leases", verb) for verb in ("create", "patch", "delete")),
+}
+ALL_FEATURES: dict[str, Any] = {
+    "router": {"autoscaling": {"enabled": True}},
+    "agent": {"enabled": True},
+    "serviceMonitor": {"enabled": True},
+    "networkPolicy": {"enabled": True},
+    "defaultDrainPolicy": {"enabled": True},
+    "operator": {"watchNamespaces": ["team-a", "team-b"]},
+}
+
+
+def container(workload: dict[str, Any]) -> dict[str, Any]:
+    (only,) = workload["spec"]["template"]["spec"]["containers"]
+    return only  # type: ignore[no-any-return]
+
+
+def assert_restricted(workload: dict[str, Any]) -> None:
+    """The pod meets the restricted Pod Security Standard's rules, as configured."""
+    pod = workload["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] != 0
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    security = container(workload)["securityContext"]
+    assert security == {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+    assert not pod.get("hostPID") and not pod.get("hostNetwork")
+    mounts = {m["name"]: m["mountPath"] for m in container(workload)["volumeMounts"]}
+    assert mounts["tmp"] == "/tmp"  # the one writable place
+
+
+# --- lint and schema --------------------------------------------------------------------
+
+
+def test_helm_lint_strict_with_defaults_and_with_every_feature(tmp_path: Path) -> None:
+    values = tmp_path / "all.yaml"
+    values.write_text(yaml.safe_dump(ALL_FEATURES))
+    for extra in ([], [f"--values={values}"]):
+        result = helm("lint", "--strict", str(CHART), *extra)
+        assert "1 chart(s) linted, 0 chart(s) failed" in result.stdout, result.stdout
+
+
+def test_helm_applies_the_schema_to_typos() -> None:
+    typo = template_text("operator.replicaz=2", check=False)
+    assert typo.returncode != 0
+    assert "additional properties 'replicaz' not allowed" in typo.stderr
+    bad = template_text("defaultDrainPolicy.spec.mode=Sometimes", check=False)
+    assert bad.returncode != 0 and "/defaultDrainPolicy/spec/mode" in bad.stderr
+
+
+def test_service_account_name_is_required_when_not_created() -> None:
+    result = template_text("router.serviceAccount.create=false", check=False)
+    assert result.returncode != 0
+    assert "router.serviceAccount.name is required" in result.stderr
+    objects = render(
+        "router.serviceAccount.create=false", "router.serviceAccount.name=existing-router"
+    )
+    router = by_kind(objects, "Deployment")["rel-sessionfleet-router"]
+    assert router["spec"]["template"]["spec"]["serviceAccountName"] == "existing-router"
+    assert "rel-sessionfleet-router" not in by_kind(objects, "ServiceAccount")
+
+
+# --- defaults ---------------------------------------------------------------------------
+
+
+def test_defaults_render_the_operator_router_and_crds_only() -> None:
+    objects = render()
+    kinds = sorted({o["kind"] for o in objects})
+    assert kinds == [
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "CustomResourceDefinition",
+        "Deployment",
+        "Role",
+        "RoleBinding",
+        "Service",
+        "ServiceAccount",
+    ]
+    for obj in objects:
+        labels = obj["metadata"]["labels"]
+        assert labels["app.kubernetes.io/instance"] == "rel"
+        assert labels["app.kubernetes.io/part-of"] == "sessionfleet"
+        assert labels["helm.sh/chart"] == f"sessionfleet-{__version__}"
+
+
+def test_operator_deployment_one_replica_recreate_probes_and_flags() -> None:
+    objects = render()
+    operator = by_kind(objects, "Deployment")["rel-sessionfleet-operator"]
+    spec = operator["spec"]
+    assert spec["replicas"] == 1
+    assert spec["strategy"] == {"type": "Recreate"}
+    pod = spec["template"]["spec"]
+    assert pod["serviceAccountName"] == "rel-sessionfleet-operator"
+    main = container(operator)
+    assert main["image"] == IMAGE
+    assert main["args"] == [
+        "operator",
+        "--metrics-port=8080",
+        "--health-port=8081",
+        "--idle-timeout=30m",
+        "--node-not-ready-toleration=30s",
+        "--resync=2",
+        "--scrape-interval=15",
+        f"--sim-image={IMAGE}",
+    ]
+    ports = {p["name"]: p["containerPort"] for p in main["ports"]}
+    assert ports == {"metrics": 8080, "health": 8081}
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert main[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert main["resources"]["limits"]["memory"] == "512Mi"
+    assert_restricted(operator)
+    metrics = by_kind(objects, "Service")["rel-sessionfleet-operator-metrics"]
+    assert metrics["spec"]["ports"] == [
+        {"name": "metrics", "port": 8080, "targetPort": "metrics", "protocol": "TCP"}
+    ]
+    assert (
+        metrics["spec"]["selector"]
+        == spec["selector"]["matchLabels"]
+        == {
+            "app.kubernetes.io/name": "sessionfleet",
+            "app.kubernetes.io/instance": "rel",
+            "app.kubernetes.io/component": "operator",
+        }
+    )
+
+
+def test_operator_values_map_to_its_flags() -> None:
+    objects = render(
+        values={
+            "operator": {
+                "idleTimeout": "2h",
+                "nodeNotReadyToleration": "1m",
+                "resyncSeconds": 5,
+                "scrapeIntervalSeconds": 30,
+                "metricsPort": 9090,
+                "healthPort": 9091,
+                "vllmImage": "registry.example.com/vllm:1",
+                "simImage": "registry.example.com/sim:1",
+                "verbose": True,
+                "extraArgs": ["--scrape-interval=5"],
+            }
+        }
+    )
+    operator = by_kind(objects, "Deployment")["rel-sessionfleet-operator"]
+    main = container(operator)
+    assert main["args"] == [
+        "operator",
+        "--metrics-port=9090",
+        "--health-port=9091",
+        "--idle-timeout=2h",
+        "--node-not-ready-toleration=1m",
+        "--resync=5",
+        "--scrape-interval=30",
+        "--sim-image=registry.example.com/sim:1",
+        "--vllm-image=registry.example.com/vllm:1",
+        "--verbose",
+        "--scrape-interval=5",
+    ]
+    assert {p["containerPort"] for p in main["ports"]} == {9090, 9091}
+    # Every flag the chart passes is one `sessionfleet operator` accepts.
+    from sessionfleet.cli import build_parser
+
+    build_parser().parse_args(main["args"])
+
+
+def test_the_cli_accepts_every_flag_the_chart_passes() -> None:
+    from sessionfleet.cli import build_parser
+
+    objects = render(values=ALL_FEATURES)
+    deployments = by_kind(objects, "Deployment")
+    for name in ("rel-sessionfleet-operator", "rel-sessionfleet-router"):
+        args = build_parser().parse_args(container(deployments[name])["args"])
+        assert args.command in ("operator", "router")
+
+
+def test_image_digest_wins_over_the_tag() -> None:
+    digest = "sha256:" + "ab" * 32
+    objects = render(f"image.digest={digest}", "image.tag=9.9.9")
+    operator = by_kind(objects, "Deployment")["rel-sessionfleet-operator"]
+    assert container(operator)["image"] == f"ghcr.io/sessionfleet/sessionfleet@{digest}"
+
+
+def test_long_release_names_give_valid_object_names() -> None:
+    release = "a-very-long-release-name-for-a-team-with-long-names"
+    for obj in render(release=release):
+        name = obj["metadata"]["name"]
+        if obj["kind"] != "CustomResourceDefinition":
+            assert len(name) <= 63 and name.startswith(release[:40]), name
+            assert not name.startswith("-") and "--" not in name
+
+
+# --- CRDs -------------------------------------------------------------------------------
+
+
+def test_crd_templates_render_the_generated_crds_with_keep() -> None:
+    rendered = by_kind(render(), "CustomResourceDefinition")
+    committed = {
+        doc["metadata"]["name"]: doc
+        for path in sorted((REPO_ROOT / "crds").glob("*.yaml"))
+        for doc in yaml.safe_load_all(path.read_text())
+        if doc
+    }
+    assert set(rendered) == set(committed) and len(rendered) == 4
+    for name, crd in rendered.items():
+        assert crd["spec"] == committed[name]["spec"], name
+        assert crd["metadata"]["annotations"] == {
+            "helm.sh/resource-policy": "keep",
+            "argocd.argoproj.io/sync-options": "Delete=false",
+        }
+        assert crd["metadata"]["labels"]["app.kubernetes.io/part-of"] == "sessionfleet"
+        assert crd["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "Helm"
+
+
+def test_crds_can_be_left_out_or_not_kept() -> None:
+    assert by_kind(render("crds.enabled=false"), "CustomResourceDefinition") == {}
+    for crd in by_kind(render("crds.keep=false"), "CustomResourceDefinition").values():
+        assert "annotations" not in crd["metadata"]
+
+
+# --- RBAC -------------------------------------------------------------------------------
+
+
+def test_cluster_wide_operator_gets_exactly_its_rules() -> None:
+    objects = render()
+    role = by_kind(objects, "ClusterRole")["rel-sessionfleet-operator"]
+    assert rules(role) == OPERATOR_NAMESPACED | OPERATOR_CLUSTER
+    binding = by_kind(objects, "ClusterRoleBinding")["rel-sessionfleet-operator"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "rel-sessionfleet-operator", "namespace": "sf"}
+    ]
+    # The only namespaced Role by default is the router's.
+    assert set(by_kind(objects, "Role")) == {"rel-sessionfleet-router"}
+
+
+def test_watch_namespaces_moves_the_operators_rules_into_roles() -> None:
+    objects = render(values={"operator": {"watchNamespaces": ["team-a", "team-b"]}})
+    cluster = by_kind(objects, "ClusterRole")["rel-sessionfleet-operator"]
+    assert rules(cluster) == OPERATOR_CLUSTER | {
+        ("", "namespaces", "list"),
+        ("", "namespaces", "watch"),
+    }
+    roles = [
+        o for o in objects if o["kind"] == "Role" and o["metadata"]["name"].endswith("-operator")
+    ]
+    assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
+    for role in roles:
+        assert rules(role) == OPERATOR_NAMESPACED
+    bindings = [
+        o
+        for o in objects
+        if o["kind"] == "RoleBinding" and o["metadata"]["name"].endswith("-operator")
+    ]
+    assert {b["metadata"]["namespace"] for b in bindings} == {"team-a", "team-b"}
+    for binding in bindings:
+        assert binding["subjects"][0]["namespace"] == "sf"
+    operator = by_kind(objects, "Deployment")["rel-sessionfleet-operator"]
+    assert "--namespace=team-a" in container(operator)["args"]
+    assert "--namespace=team-b" in container(operator)["args"]
+
+
+def test_router_role_lives_in_the_namespace_it_serves() -> None:
+    objects = render("router.namespace=inference")
+    role = by_kind(objects, "Role")["rel-sessionfleet-router"]
+    assert role["metadata"]["namespace"] == "inference"
+    assert rules(role) == ROUTER
+    binding = by_kind(objects, "RoleBinding")["rel-sessionfleet-router"]
+    assert binding["metadata"]["namespace"] == "inference"
+    assert binding["subjects"][0] == {
+        "kind": "ServiceAccount",
+        "name": "rel-sessionfleet-router",
+        "namespace": "sf",
+    }
+    router = by_kind(objects, "Deployment")["rel-sessionfleet-router"]
+    assert "--namespace=inference" in container(router)["args"]
+
+
+# --- router -----------------------------------------------------------------------------
+
+
+def test_router_deployment_service_and_flags() -> None:
+    objects = render(
+        values={
+            "router": {
+                "replicas": 3,
+                "port": 8000,
+                "sessionHeader": "X-Agent-Session",
+                "flushIntervalSeconds": 30,
+                "maxBodyBytes": 134217728,
+                "logLevel": "DEBUG",
+                "service": {"type": "LoadBalancer", "port": 8000},
+            }
+        }
+    )
+    router = by_kind(objects, "Deployment")["rel-sessionfleet-router"]
+    assert router["spec"]["replicas"] == 3
+    main = container(router)
+    args = main["args"]
+    assert args[:4] == ["router", "--host=0.0.0.0", "--port=8000", "--namespace=sf"]
+    for flag in (
+        "--session-header=X-Agent-Session",
+        "--flush-interval=30",
+        "--max-body-bytes=134217728",
+        "--log-level=DEBUG",
+    ):
+        assert flag in args
+    assert main["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    assert main["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert main["env"][0]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert_restricted(router)
+    service = by_kind(objects, "Service")["rel-sessionfleet-router"]
+    assert service["spec"]["type"] == "LoadBalancer"
+    assert service["spec"]["ports"][0] == {
+        "name": "http",
+        "port": 8000,
+        "targetPort": "http",
+        "protocol": "TCP",
+    }
+
+
+def test_router_autoscaling_replaces_the_replica_count() -> None:
+    objects = render("router.autoscaling.enabled=true", "router.autoscaling.maxReplicas=20")
+    router = by_kind(objects, "Deployment")["rel-sessionfleet-router"]
+    assert "replicas" not in router["spec"]
+    hpa = by_kind(objects, "HorizontalPodAutoscaler")["rel-sessionfleet-router"]
+    assert hpa["spec"]["scaleTargetRef"] == {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "name": "rel-sessionfleet-router",
+    }
+    assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (2, 20)
+    assert hpa["spec"]["metrics"][0]["resource"]["target"]["averageUtilization"] == 70
+
+
+def test_router_can_be_turned_off() -> None:
+    objects = render("router.enabled=false", "serviceMonitor.enabled=true")
+    assert not [o for o in objects if "router" in o["metadata"]["name"]]
+
+
+# --- node agent -------------------------------------------------------------------------
+
+
+def test_agent_is_off_by_default_and_unprivileged_without_criu() -> None:
+    assert by_kind(render(), "DaemonSet") == {}
+    objects = render("agent.enabled=true")
+    agent = by_kind(objects, "DaemonSet")["rel-sessionfleet-agent"]
+    pod = agent["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert pod["tolerations"] == [
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+    ]
+    assert pod["automountServiceAccountToken"] is False
+    assert container(agent)["args"] == ["agent"]
+    assert_restricted(agent)
+    account = by_kind(objects, "ServiceAccount")["rel-sessionfleet-agent"]
+    assert account["automountServiceAccountToken"] is False
+    # No RBAC at all for the agent until its API calls exist.
+    for kind in ("Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding"):
+        assert not [name for name in by_kind(objects, kind) if "agent" in name]
+
+
+def test_only_the_criu_agent_is_privileged() -> None:
+    objects = render("agent.enabled=true", "agent.criu=true")
+    agent = by_kind(objects, "DaemonSet")["rel-sessionfleet-agent"]
+    assert container(agent)["securityContext"]["privileged"] is True
+    assert agent["spec"]["template"]["spec"]["hostPID"] is True
+    for workload in objects:
+        if workload["kind"] in ("Deployment", "DaemonSet") and workload is not agent:
+            assert_restricted(workload)
+
+
+# --- optional objects -------------------------------------------------------------------
+
+
+def test_service_monitors_network_policies_and_default_drain_policy() -> None:
+    objects = render(
+        values={**ALL_FEATURES, "serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}}
+    )
+    monitors = by_kind(objects, "ServiceMonitor")
+    assert set(monitors) == {"rel-sessionfleet-operator", "rel-sessionfleet-router"}
+    assert monitors["rel-sessionfleet-operator"]["spec"]["endpoints"][0]["port"] == "metrics"
+    assert monitors["rel-sessionfleet-router"]["spec"]["endpoints"][0]["port"] == "http"
+    assert monitors["rel-sessionfleet-router"]["metadata"]["labels"]["release"] == "prom"
+
+    policies = by_kind(objects, "NetworkPolicy")
+    operator_policy = policies["rel-sessionfleet-operator"]["spec"]
+    assert operator_policy["policyTypes"] == ["Ingress"]
+    assert operator_policy["ingress"] == [{"ports": [{"port": "metrics", "protocol": "TCP"}]}]
+    assert policies["rel-sessionfleet-router"]["spec"]["ingress"][0]["ports"][0]["port"] == "http"
+
+    (drain,) = by_kind(objects, "DrainPolicy").values()
+    assert drain["metadata"]["namespace"] == "sf"
+    result = parse(DrainPolicy, drain)
+    assert result.ok, result.message
+
+
+def test_network_policy_peers_and_drain_policy_namespace_follow_values() -> None:
+    peer = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+    objects = render(
+        values={
+            "networkPolicy": {"enabled": True, "metricsFrom": [peer]},
+            "defaultDrainPolicy": {
+                "enabled": True,
+                "name": "platform",
+                "spec": {"mode": "Wait", "deadline": "13m", "gracePeriod": "1m"},
+            },
+            "router": {"namespace": "inference"},
+        }
+    )
+    operator_policy = by_kind(objects, "NetworkPolicy")["rel-sessionfleet-operator"]
+    assert operator_policy["spec"]["ingress"][0]["from"] == [peer]
+    drain = by_kind(objects, "DrainPolicy")["platform"]
+    assert drain["metadata"]["namespace"] == "inference"
+    assert (drain["spec"]["mode"], drain["spec"]["deadline"]) == ("Wait", "13m")
