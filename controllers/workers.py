@@ -13,6 +13,8 @@ from datetime import datetime
 from typing import Any
 
 from sessionfleet.api import (
+    CheckpointPhase,
+    CheckpointReason,
     ConditionStatus,
     ConditionType,
     HoldMechanism,
@@ -21,7 +23,9 @@ from sessionfleet.api import (
     WorkerPhase,
 )
 from sessionfleet.controllers import metrics
+from sessionfleet.controllers.checkpoints import create as create_checkpoint
 from sessionfleet.controllers.checkpoints import reconcile_checkpoints, worker_driver_of
+from sessionfleet.controllers.checkpoints import save as save_checkpoint
 from sessionfleet.controllers.fleet import EngineStats, Fleet
 from sessionfleet.controllers.records import WorkerRecord
 from sessionfleet.controllers.sessions import migrate_sessions
@@ -178,9 +182,44 @@ async def reconcile_worker(fleet: Fleet, record: WorkerRecord, now: datetime) ->
         await migrate_sessions(
             fleet, record, worker, plan.migrate, plan.migrate_through_checkpoint, now
         )
+    if plan.move_worker:
+        await _move_worker(fleet, record, worker, plan, now)
     if patch:
         await write_status(fleet, record, patch)
     await reconcile_checkpoints(fleet, record, worker, now)
+
+
+async def _move_worker(
+    fleet: Fleet, record: WorkerRecord, worker: InferenceWorker, plan: WorkerPlan, now: datetime
+) -> None:
+    """Migration scope Worker: save the whole worker, then delete its pod.
+
+    The next reconcile sees the pod gone and starts a new epoch, which restores the
+    newest whole-worker checkpoint — this one — on a node that is not draining; the
+    sessions stay bound to the worker, Restoring, and follow it. If the checkpoint
+    fails, the worker still moves, cold, and the sessions' recomputation is counted.
+    """
+    epoch = record.status.epoch
+    if plan.pod is None or epoch is None:
+        return
+    drains = [
+        c
+        for c in fleet.checkpoints_of(record.key)
+        if c.reason is CheckpointReason.DRAIN and c.whole_worker and c.epoch in (None, epoch)
+    ]
+    if any(c.phase in (None, CheckpointPhase.PENDING, CheckpointPhase.RUNNING) for c in drains):
+        return  # a save is under way
+    if not drains and plan.migrate_through_checkpoint:
+        created = await create_checkpoint(fleet, record, worker, CheckpointReason.DRAIN, now)
+        if created is None:
+            return
+        fleet.running_checkpoints.add(created.key)
+        try:
+            await save_checkpoint(fleet, created, now)
+        finally:
+            fleet.running_checkpoints.discard(created.key)
+    log.info("worker %s: moving to another node (migration scope Worker)", record.key)
+    await _delete_pod(fleet, record.namespace, plan.pod)
 
 
 async def _create_pod(

@@ -378,3 +378,52 @@ def via_router(
         {"role": "assistant", "content": response.json()["choices"][0]["message"]["content"]}
     )
     return response
+
+
+def test_migration_scope_worker_moves_the_whole_worker_and_its_sessions_follow(
+    operator: OperatorProcess,
+    crs: Custom,
+    core: Any,
+    namespace: str,
+    own_nodes: list[str],
+    kubectl: Kubectl,
+    tmp_path: Path,
+) -> None:
+    crs.create(drain_policy("whole", mode="Migrate", migrationScope="Worker", deadline="5m"))
+    kubectl("cordon", own_nodes[1])
+    crs.create(on_own_nodes(checkpointed_worker("w", tmp_path), namespace))
+    ready_workers(crs, 1, operator)
+    assert crs.status("inferenceworkers", "w")["node"] == own_nodes[0]
+    kubectl("uncordon", own_nodes[1])
+    crs.create(session("s0", workerPin="w"))
+    wait_until(crs.all_in_phase("agentsessions", "Bound", 1), timeout=30, what="bound")
+    endpoint = crs.status("inferenceworkers", "w")["endpoint"]
+    history = [{"role": "system", "content": SYSTEM}]
+    for step in range(8):
+        last = turn(endpoint, "id-s0", history, f"turn {step}")
+
+    kubectl("cordon", own_nodes[0])
+    wait_for(
+        operator,
+        lambda: (
+            crs.status("inferenceworkers", "w").get("node") == own_nodes[1]
+            and crs.status("inferenceworkers", "w").get("phase") == "Ready"
+        ),
+        timeout=60,
+        what="the worker moved to the other node",
+    )
+    status = crs.status("inferenceworkers", "w")
+    assert status["epoch"] == 2 and status["restoreCount"] == 1
+    drains = [
+        c
+        for c in crs.list("workercheckpoints")
+        if c["spec"]["reason"] == "Drain" and not c["spec"].get("sessions")
+    ]
+    assert len(drains) == 1 and drains[0]["status"]["phase"] == "Succeeded"
+    wait_until(
+        lambda: crs.status("agentsessions", "s0").get("epoch") == 2,
+        timeout=30,
+        what="the session follows its worker",
+    )
+    after = turn(status["endpoint"], "id-s0", history, "the next turn")
+    assert cached(after) >= last["usage"]["prompt_tokens"] - 32, after["usage"]

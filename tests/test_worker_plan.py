@@ -9,6 +9,7 @@ import pytest
 
 from sessionfleet.api import (
     ConditionType,
+    DrainPolicySpec,
     HoldMechanism,
     InferenceWorkerSpec,
     InferenceWorkerStatus,
@@ -203,3 +204,21 @@ def test_a_ready_pod_resets_the_failure_count() -> None:
 def test_the_first_recovery_is_immediate() -> None:
     plan = observe({"epoch": 1, "pod": "w-1", "phase": "Ready"}, [])
     assert (plan.epoch, plan.consecutive_failures) == (2, 1)
+
+
+def test_migration_scope_worker_moves_the_worker_instead_of_its_sessions() -> None:
+    spec = DrainPolicySpec.model_validate({"mode": "Migrate", "migrationScope": "Worker"})
+    node = NodeState("n1", unschedulable=True)
+    plan = observe(
+        {"epoch": 1, "pod": "w-1"}, [ready_pod()], node, pinned=2, policy=PolicyChoice("p", spec)
+    )
+    assert plan.move_worker and plan.migrate == () and plan.holds
+    per_session = DrainPolicySpec.model_validate({"mode": "Migrate"})
+    plan = observe(
+        {"epoch": 1, "pod": "w-1"},
+        [ready_pod()],
+        node,
+        pinned=2,
+        policy=PolicyChoice("p", per_session),
+    )
+    assert not plan.move_worker and plan.migrate == ("s0", "s1")

@@ -35,6 +35,11 @@ class CheckpointState:
     resource_version: int = 0
 
     @property
+    def key(self) -> tuple[str, str]:
+        """The checkpoint's (namespace, name)."""
+        return (self.namespace, self.name)
+
+    @property
     def whole_worker(self) -> bool:
         """Whether it saves the whole worker (usable to restore a new epoch)."""
         return not self.sessions

@@ -19,6 +19,7 @@ from sessionfleet.api import (
     HoldMechanism,
     InferenceWorkerSpec,
     InferenceWorkerStatus,
+    MigrationScope,
     Reason,
     WorkerPhase,
 )
@@ -83,6 +84,9 @@ class WorkerPlan:
     holds: frozenset[HoldMechanism]
     migrate: tuple[str, ...] = ()
     migrate_through_checkpoint: bool = False
+    move_worker: bool = False
+    """Migration scope Worker: checkpoint the whole worker, then replace its pod elsewhere
+    (the new epoch restores the checkpoint and the sessions follow the worker)."""
     recovery: Reason | None = None
     consecutive_failures: int = 0
     last_recovery_at: datetime | None = None
@@ -249,6 +253,7 @@ def plan_worker(obs: WorkerObservation) -> WorkerPlan:
     holds = holds_while_pinned(obs.policy.spec, len(obs.pinned))
     drain_started_at = None
     migrate: tuple[str, ...] = ()
+    move_worker = False
     drain_done = False
     recheck_after = None
     if trigger is not None:
@@ -256,6 +261,8 @@ def plan_worker(obs: WorkerObservation) -> WorkerPlan:
         decision = decide_drain(obs.policy.spec, drain_started_at, obs.now, obs.pinned)
         holds = decision.holds if decision.hold else frozenset()
         migrate = decision.migrate
+        if migrate and obs.policy.spec.migration_scope is MigrationScope.WORKER:
+            move_worker, migrate = True, ()
         drain_done = decision.done
         recheck_after = decision.recheck_after
         phase = WorkerPhase.DRAINED if decision.done else WorkerPhase.DRAINING
@@ -308,6 +315,7 @@ def plan_worker(obs: WorkerObservation) -> WorkerPlan:
         drain_started_at=drain_started_at,
         holds=holds,
         migrate=migrate,
+        move_worker=move_worker,
         migrate_through_checkpoint=obs.policy.spec.checkpoint
         and obs.spec.checkpoint.driver is not CheckpointDriver.NONE,
         consecutive_failures=0 if phase is WorkerPhase.READY else failures,
