@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import logging
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -69,6 +70,10 @@ def add_parser(commands: Any) -> None:
         default=DEFAULTS.ack_timeout,
         help="longest a migration waits for every router replica to acknowledge (default 30s)",
     )
+    parser.add_argument(
+        "--agent-token-file",
+        help="the node agents' shared secret; enables the criu checkpoint driver",
+    )
     parser.add_argument("--metrics-port", type=int, default=DEFAULTS.metrics_port)
     parser.add_argument("--health-port", type=int, default=DEFAULTS.health_port)
     parser.add_argument("--vllm-image", default=DEFAULTS.images.vllm)
@@ -98,29 +103,43 @@ def _run(args: argparse.Namespace) -> int:
         # Per-request and per-event lines would drown what matters at fleet scale.
         logging.getLogger("httpx").setLevel(logging.WARNING)
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
-    asyncio.run(run_operator(config))
+    asyncio.run(run_operator(config, args.agent_token_file))
     return 0
 
 
-async def run_operator(config: OperatorConfig) -> None:
-    """Run kopf with the sessionfleet handlers until it is stopped."""
+async def run_operator(config: OperatorConfig, agent_token_file: str | None = None) -> None:
+    """Run kopf with the sessionfleet handlers until it is stopped.
+
+    The ``engine`` and ``kubelet`` checkpoint drivers are always available (the second
+    needs ``nodes/proxy`` RBAC, which the chart grants only when asked); ``criu`` needs
+    the node agents' token, since the agent acts on other pods' processes.
+    """
     import kopf
     from prometheus_client import start_http_server
 
     from sessionfleet.api import CheckpointDriver
+    from sessionfleet.checkpoint import Driver
+    from sessionfleet.checkpoint.criu import CriuDriver
     from sessionfleet.checkpoint.engine import EngineDriver
+    from sessionfleet.checkpoint.kubelet import KubeletDriver
     from sessionfleet.controllers import handlers  # noqa: F401 - registers the handlers
     from sessionfleet.controllers.fleet import Fleet
     from sessionfleet.kube import Kube, KubeConfig
 
     kube_config = KubeConfig.load(config.kubeconfig)
     http = httpx.AsyncClient()
-    fleet = Fleet(
-        config=config,
-        kube=Kube(kube_config, user_agent="sessionfleet-operator"),
-        http=http,
-        drivers={CheckpointDriver.ENGINE: EngineDriver(http)},
-    )
+    kube = Kube(kube_config, user_agent="sessionfleet-operator")
+    drivers: dict[CheckpointDriver, Driver] = {
+        CheckpointDriver.ENGINE: EngineDriver(http),
+        # A kubelet checkpoint holds the request open while the runtime dumps memory.
+        CheckpointDriver.KUBELET: KubeletDriver(
+            Kube(kube_config, timeout=660.0, user_agent="sessionfleet-operator")
+        ),
+    }
+    if agent_token_file:
+        token = Path(agent_token_file).read_text().strip()
+        drivers[CheckpointDriver.CRIU] = CriuDriver(http, kube, token=token)
+    fleet = Fleet(config=config, kube=kube, http=http, drivers=drivers)
     start_http_server(config.metrics_port)
     await kopf.operator(
         clusterwide=not config.namespaces,
