@@ -112,3 +112,23 @@ def test_label_value() -> None:
     assert label_value("Qwen/Qwen3-32B") == "Qwen-Qwen3-32B"
     long = label_value("m" * 100)
     assert len(long) <= 63 and long[-1].isalnum()
+
+
+def test_a_vllm_worker_with_a_shared_store_gets_the_lmcache_connector() -> None:
+    pod = build_pod(
+        worker(
+            checkpoint={"storage": {"remoteUrl": "redis://lmcache:6379"}},
+            engine={"env": [{"name": "LMCACHE_CHUNK_SIZE", "value": "512"}]},
+        ),
+        1,
+    )
+    engine = container(pod)
+    i = engine["args"].index("--kv-transfer-config")
+    assert '"LMCacheConnectorV1"' in engine["args"][i + 1]
+    env = {e["name"]: e.get("value") for e in engine["env"]}
+    assert env["LMCACHE_REMOTE_URL"] == "redis://lmcache:6379"
+    assert env["LMCACHE_CHUNK_SIZE"] == "512"  # the user's setting wins
+    assert env["PYTHONHASHSEED"] == "0"
+    plain = container(build_pod(worker(), 1))
+    assert "--kv-transfer-config" not in plain["args"]
+    assert not any(e["name"].startswith("LMCACHE_") for e in plain["env"])

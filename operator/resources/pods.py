@@ -22,6 +22,7 @@ from sessionfleet.resources.names import label_value
 # vLLM only hits prefixes saved by another (or a restarted) worker when Python's
 # hash seed is the same everywhere (FACTS.md: LMCache across workers).
 PYTHONHASHSEED = "0"
+LMCACHE_CONNECTOR = '{"kv_connector":"LMCacheConnectorV1","kv_role":"kv_both"}'
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +71,13 @@ def engine_args(worker: InferenceWorker) -> list[str]:
         if spec.capacity.kv_tokens:
             args.append(f"--kv-tokens={spec.capacity.kv_tokens}")
         return [*args, *spec.engine.args]
+    lmcache = []
+    if spec.checkpoint.storage.remote_url and not any(
+        a.startswith("--kv-transfer-config") for a in spec.engine.args
+    ):
+        # KV goes to LMCache's shared store as it is computed; any worker with the same
+        # hash seed hits it, which is how the engine driver's checkpoints work for vLLM.
+        lmcache = ["--kv-transfer-config", LMCACHE_CONNECTOR]
     return [
         spec.model,
         "--served-model-name",
@@ -82,8 +90,30 @@ def engine_args(worker: InferenceWorker) -> list[str]:
         "--enable-prompt-tokens-details",
         "--enable-force-include-usage",
         f"--tensor-parallel-size={max(spec.gpus, 1)}",
+        *lmcache,
         *spec.engine.args,
     ]
+
+
+def lmcache_env(worker: InferenceWorker) -> list[dict[str, str]]:
+    """LMCache's settings for a vLLM worker with a shared KV store, as environment variables.
+
+    A local CPU tier in front of the shared remote store (``storage.remoteUrl``, such as
+    ``redis://lmcache:6379``); variables the user sets in ``engine.env`` win.
+    """
+    spec = worker.spec
+    url = spec.checkpoint.storage.remote_url
+    if spec.engine.type is not EngineType.VLLM or not url:
+        return []
+    mine = {e.name for e in spec.engine.env}
+    settings = {
+        "LMCACHE_REMOTE_URL": url,
+        "LMCACHE_REMOTE_SERDE": "naive",
+        "LMCACHE_CHUNK_SIZE": "256",
+        "LMCACHE_LOCAL_CPU": "True",
+        "LMCACHE_MAX_LOCAL_CPU_SIZE": "20",
+    }
+    return [{"name": k, "value": v} for k, v in settings.items() if k not in mine]
 
 
 def build_pod(
@@ -113,6 +143,7 @@ def build_pod(
     env: list[dict[str, Any]] = [
         {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
         {"name": "PYTHONHASHSEED", "value": PYTHONHASHSEED},
+        *lmcache_env(worker),
         *({"name": e.name, "value": e.value} for e in engine.env),
     ]
     volumes: list[dict[str, Any]] = list(overlay.volumes)
