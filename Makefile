@@ -48,6 +48,7 @@ lint: $(STAMP)
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy -p sessionfleet
+	$(VENV)/bin/mypy demo
 
 layers: $(STAMP)
 	$(VENV)/bin/lint-imports
@@ -97,3 +98,24 @@ simulate: $(STAMP)
 BENCH_OPERATOR_ARGS ?=
 bench-operator: e2e-tools $(STAMP)
 	$(PY) bench/operator/run.py --out build/bench-operator.json $(BENCH_OPERATOR_ARGS)
+
+# The whole system on a real local control plane (docs/demo.md): cluster, chart, operator,
+# router, agent, simulated workers, an agentic workload with a drain and an engine kill,
+# and a report in demo-out/. The cluster stays up; `make demo-down` stops everything.
+#   make demo DEMO_SESSIONS=40 DEMO_DRAIN_MODE=Migrate DEMO_CHECKPOINTS=off DEMO_FAST=1
+.PHONY: demo demo-down demo-status
+DEMO_SESSIONS ?= 0
+DEMO_DRAIN_MODE ?= WaitThenMigrate
+DEMO_CHECKPOINTS ?= on
+DEMO_FAST ?=
+DEMO_STATE_DIR ?= .demo-state
+demo: e2e-tools venv
+	@$(PY) demo/run.py up --state-dir $(DEMO_STATE_DIR) --sessions $(DEMO_SESSIONS) \
+		--drain-mode $(DEMO_DRAIN_MODE) --checkpoints $(DEMO_CHECKPOINTS) \
+		$(if $(DEMO_FAST),--fast,)
+
+demo-down: venv
+	@$(PY) demo/run.py down --state-dir $(DEMO_STATE_DIR)
+
+demo-status: venv
+	@$(PY) demo/run.py status --state-dir $(DEMO_STATE_DIR)
