@@ -1,0 +1,102 @@
+"""The operator's bookkeeping between its writes and the watch events that report them."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import replace
+from datetime import UTC, datetime
+from typing import Any
+
+from sessionfleet.api import SessionPhase
+from sessionfleet.controllers.config import OperatorConfig
+from sessionfleet.controllers.fleet import BindingLedger, Fleet
+from sessionfleet.controllers.sessions import next_step
+from sessionfleet.policy.sessions import Action, SessionState
+
+NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+
+
+def test_ledger_counts_unseen_bindings_per_worker() -> None:
+    ledger = BindingLedger()
+    ledger.add(("ns", "a"), "w1", 0)
+    ledger.add(("ns", "b"), "w1", 0)
+    ledger.add(("ns", "c"), "w2", 0)
+    ledger.add(("other", "a"), "w1", 0)
+    assert ledger.unseen == Counter({("ns", "w1"): 2, ("ns", "w2"): 1, ("other", "w1"): 1})
+
+    ledger.observe(("ns", "a"), None)  # the create event: not bound yet
+    ledger.observe(("ns", "b"), "w2")  # bound elsewhere: not the binding we wrote
+    assert ledger.unseen[("ns", "w1")] == 2
+    ledger.observe(("ns", "a"), "w1")  # the watch shows our binding
+    assert ledger.unseen[("ns", "w1")] == 1
+
+    ledger.add(("ns", "c"), "w1", 0)  # rebound before it was seen: its count moves
+    assert ledger.unseen == Counter({("ns", "w1"): 2, ("other", "w1"): 1})
+
+    for key in (("ns", "b"), ("ns", "c"), ("ns", "c"), ("other", "a"), ("ns", "zz")):
+        ledger.settle(key)
+    assert not ledger.pending and not ledger.unseen
+
+
+def _fleet(sessions: dict[Any, list[SessionState]]) -> Fleet:
+    fleet = Fleet(config=OperatorConfig(), kube=None, http=None)  # type: ignore[arg-type]
+    fleet.sessions = sessions  # type: ignore[assignment]
+    return fleet
+
+
+def test_a_deleted_session_is_not_deleted_again_while_the_index_still_shows_it() -> None:
+    finished = SessionState(
+        "ns",
+        "s",
+        "id-s",
+        "m",
+        phase=SessionPhase.FINISHED,
+        worker="w",
+        finished_at=NOW,
+        ttl_seconds=0,
+        resource_version=5,
+    )
+    fleet = _fleet({("ns", "s"): [finished]})
+    step = next_step(fleet, finished, NOW)
+    assert step is not None and step.action is Action.DELETE
+
+    fleet.deleted_sessions[("ns", "s")] = 5  # what the delete records
+    assert next_step(fleet, finished, NOW) is None
+    fleet.forget_deleted()
+    assert ("ns", "s") in fleet.deleted_sessions  # the index still shows it
+
+    # A session created anew under the same name is a newer version: it gets its steps.
+    anew = SessionState("ns", "s", "id-s", "m", created_at=NOW, resource_version=9)
+    step = next_step(fleet, anew, NOW)
+    assert step is not None and step.action is Action.PLACE
+    fleet.sessions = {("ns", "s"): [anew]}  # type: ignore[assignment]
+    fleet.forget_deleted()
+    assert not fleet.deleted_sessions
+
+
+def test_the_deleted_record_goes_once_the_watch_reports_the_deletion() -> None:
+    fleet = _fleet({})
+    fleet.deleted_sessions[("ns", "gone")] = 7
+    fleet.forget_deleted()
+    assert not fleet.deleted_sessions
+
+
+def test_next_step_is_none_for_a_bound_session_that_needs_nothing() -> None:
+    bound = SessionState(
+        "ns",
+        "s",
+        "id-s",
+        "m",
+        created_at=NOW,
+        phase=SessionPhase.BOUND,
+        worker="w",
+        bound_at=NOW,
+        resource_version=3,
+    )
+    fleet = _fleet({("ns", "s"): [bound]})
+    # Its worker is unknown to this fleet, so the step is to mark it Lost ...
+    step = next_step(fleet, bound, NOW)
+    assert step is not None and step.phase is SessionPhase.LOST
+    # ... unless our own write of it has not come back yet.
+    fleet.freshness.written[("ns", "s")] = 4
+    assert next_step(fleet, replace(bound, resource_version=3), NOW) is None
