@@ -16,8 +16,11 @@ namespace with its default resync and scrape intervals. Then, in order:
    client-side: the monotonic time the create request was sent, to the time this
    process's own watch of AgentSessions first sees ``status.phase == Bound``
    (creationTimestamp has 1 s resolution, so it is not used). The watch's delivery
-   delay is part of the figure, as it is for any client of the binding.
-2. **Operator resident memory** (``VmRSS`` of its process) with those sessions bound.
+   delay is part of the figure, as it is for any client of the binding. The operator
+   stamps ``status.boundAt`` when it decides a binding; against the wall-clock send
+   time it splits the latency into "until the operator acted" and "until seen".
+2. **Operator resident memory** (``VmRSS`` of its process) with those sessions bound,
+   and its CPU use over an idle window (``--idle-window``).
 3. **API server writes per session over its life.** The API server's own
    ``apiserver_request_total`` is read (``kubectl get --raw /metrics``) before step 1
    and after every session was marked ``spec.finished: true``, set Finished by the
@@ -27,7 +30,12 @@ namespace with its default resync and scrape intervals. Then, in order:
    Writes the operator makes on other objects meanwhile (worker status with its
    pinned-session count, holds) are fleet-level and shown apart.
 4. **Memory at scale.** ``--big`` sessions created at ``--big-rate`` per second by
-   ``--clients`` concurrent API clients, the operator's ``VmRSS`` once all are bound.
+   ``--clients`` concurrent API clients, the operator's ``VmRSS`` once all are bound
+   (and its idle CPU with them). A burst leaves a higher resident size than the same
+   sessions created slowly (``--big-rate 50``): CPython keeps the arenas it used.
+
+The machine's load average is sampled during each phase and reported with it: on a
+shared machine the latencies follow the load, the write counts and memory do not.
 
 Everything is on loopback. Nothing here is pass/fail; the figures are printed as a
 table and, with ``--out``, written as JSON.
@@ -38,6 +46,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -45,7 +54,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -80,7 +89,7 @@ def percentile(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
     ordered = sorted(values)
-    rank = max(1, min(len(ordered), round(q / 100 * len(ordered) + 0.5)))
+    rank = max(1, min(len(ordered), math.ceil(q / 100 * len(ordered))))
     return ordered[rank - 1]
 
 
@@ -297,7 +306,7 @@ async def paced(
     count: int,
     rate: float,
     max_in_flight: int,
-    send: Any,
+    send: Callable[[int], Awaitable[None]],
 ) -> Pace:
     """Call ``send(i)`` for i in 0..count-1 at ``rate`` per second, open loop.
 
@@ -380,7 +389,7 @@ async def finish_sessions(
 
 
 async def wait_for(
-    what: str, done: Any, total: int, timeout: float, every: float = 5.0
+    what: str, done: Callable[[], int], total: int, timeout: float, every: float = 5.0
 ) -> tuple[int, float]:
     """Poll ``done()`` (a count) until it reaches ``total`` or ``timeout`` passes."""
     start = time.monotonic()
