@@ -26,6 +26,8 @@ class OperatorConfig:
     """How often each Ready worker's engine metrics are read."""
     scrape_timeout_seconds: float = 3.0
     max_concurrent_writes: int = 16
+    status_coalesce_seconds: float = 5.0
+    """A worker's counters (pinned sessions, KV usage…) are written at most this often."""
     ack_timeout: timedelta = DEFAULT_ACK_TIMEOUT
     """The longest a migration waits for router acknowledgements before moving anyway."""
     metrics_port: int = 8080

@@ -133,6 +133,8 @@ class Fleet:
     pod_holds: dict[str, frozenset[HoldMechanism]] = field(default_factory=dict)
     busy_sessions: set[Key] = field(default_factory=set)
     deleted_sessions: dict[Key, int] = field(default_factory=dict)
+    status_written_at: dict[Key, float] = field(default_factory=dict)
+    """When each worker's status was last written (monotonic), to coalesce counters."""
     """Sessions we deleted, with their resourceVersion, until the index drops them."""
     drivers: dict[CheckpointDriver, Driver] = field(default_factory=dict)
     running_checkpoints: set[Key] = field(default_factory=set)

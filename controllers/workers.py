@@ -9,6 +9,7 @@ there), so a restarted operator picks up where the last one stopped.
 from __future__ import annotations
 
 import logging
+import time
 from datetime import datetime
 from typing import Any
 
@@ -125,6 +126,35 @@ def desired_status(
     }
 
 
+COUNTER_FIELDS = frozenset(
+    {
+        "pinnedSessions",
+        "activeSessions",
+        "kvCacheUsagePercent",
+        "prefixHitRatePercent",
+        "runningRequests",
+        "waitingRequests",
+    }
+)
+"""Status fields that only count: they move with every bind, finish and scrape."""
+
+
+def worth_writing(fleet: Fleet, record: WorkerRecord, patch: dict[str, Any]) -> bool:
+    """Whether to write a status patch now, or let a later pass carry it.
+
+    A patch of counters alone waits until the worker's status has not been written for
+    ``status_coalesce_seconds``: every bind and finish changes ``pinnedSessions``, and
+    writing each change would cost the worker a write per session. Phase, epoch,
+    conditions and the rest go out at once.
+    """
+    if not patch:
+        return False
+    if not set(patch) <= COUNTER_FIELDS:
+        return True
+    last = fleet.status_written_at.get(record.key)
+    return last is None or time.monotonic() - last >= fleet.config.status_coalesce_seconds
+
+
 async def write_status(fleet: Fleet, record: WorkerRecord, patch: dict[str, Any]) -> None:
     """Patch the worker's status subresource and remember the version it produced."""
     body = await fleet.kube.patch(
@@ -132,6 +162,7 @@ async def write_status(fleet: Fleet, record: WorkerRecord, patch: dict[str, Any]
     )
     metrics.API_WRITES.labels("patch", "inferenceworkers/status").inc()
     fleet.freshness.mark(record.key, body)
+    fleet.status_written_at[record.key] = time.monotonic()
 
 
 async def reconcile_invalid(fleet: Fleet, record: WorkerRecord, now: datetime) -> None:
@@ -159,6 +190,8 @@ async def reconcile_worker(fleet: Fleet, record: WorkerRecord, now: datetime) ->
     plan = plan_worker(observe(fleet, record, worker, now))
     desired = desired_status(fleet, record, worker, plan, now)
     patch = status_patch(record.raw_status, desired)
+    if not worth_writing(fleet, record, patch):
+        patch = {}
 
     # A new epoch, or Drained, is recorded before the pods change, so that a restart
     # in between never mistakes our own deletion for a failure.

@@ -100,3 +100,21 @@ def test_next_step_is_none_for_a_bound_session_that_needs_nothing() -> None:
     # ... unless our own write of it has not come back yet.
     fleet.freshness.written[("ns", "s")] = 4
     assert next_step(fleet, replace(bound, resource_version=3), NOW) is None
+
+
+def test_worker_counters_are_coalesced_but_phase_changes_are_not() -> None:
+    import time
+
+    from sessionfleet.controllers.records import WorkerRecord
+    from sessionfleet.controllers.workers import worth_writing
+
+    fleet = Fleet(config=OperatorConfig(), kube=None, http=None)  # type: ignore[arg-type]
+    record = WorkerRecord("ns", "w", 1, None)
+    counters = {"pinnedSessions": 3}
+    assert worth_writing(fleet, record, counters)  # never written: write
+    fleet.status_written_at[record.key] = time.monotonic()
+    assert not worth_writing(fleet, record, counters)  # written just now: wait
+    assert worth_writing(fleet, record, {"pinnedSessions": 3, "phase": "Draining"})
+    assert not worth_writing(fleet, record, {})
+    fleet.status_written_at[record.key] = time.monotonic() - 6
+    assert worth_writing(fleet, record, counters)
