@@ -287,8 +287,9 @@ def plan_worker(obs: WorkerObservation) -> WorkerPlan:
             ConditionType.DRAIN_HELD,
             ConditionStatus.TRUE if holds else ConditionStatus.FALSE,
             Reason.SESSIONS_PINNED if holds else Reason.DRAINED,
-            f"{len(obs.pinned)} session(s) pinned: eviction blocked by "
-            + ", ".join(sorted(h.value for h in holds))
+            # No count in the text: status.pinnedSessions carries it, and a message that
+            # changed with every bind would make every bind a worker status write.
+            "sessions are pinned: eviction blocked by " + ", ".join(sorted(h.value for h in holds))
             if holds
             else "nothing holds the pod",
         )
