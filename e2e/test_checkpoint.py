@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -25,6 +24,7 @@ from e2e.operator import (
     SESSIONFLEET,
     Custom,
     OperatorProcess,
+    Process,
     bound_to,
     condition,
     drain_policy,
@@ -288,11 +288,13 @@ def test_a_drain_through_two_real_routers_moves_the_session_between_turns(
     crs.create(on_own_nodes(checkpointed_worker("src", tmp_path), namespace, own_nodes[0]))
     crs.create(on_own_nodes(checkpointed_worker("dst", tmp_path), namespace, own_nodes[1]))
     ready_workers(crs, 2, operator)
-    routers = [RouterProcess(cluster.kubeconfig, namespace, f"r{i}", tmp_path) for i in (1, 2)]
+    routers: list[Process] = []
     try:
-        for router in routers:
-            router.start()
-        urls = [router.url for router in routers]
+        urls = []
+        for i in (1, 2):
+            url, router = start_router(cluster.kubeconfig, namespace, f"r{i}", tmp_path)
+            routers.append(router)
+            urls.append(url)
         crs.create(session("agent", workerPin="src"))  # where its first turn lands
         wait_until(crs.all_in_phase("agentsessions", "Bound", 1), timeout=30, what="bound")
         history = [{"role": "system", "content": SYSTEM}]
@@ -318,48 +320,26 @@ def test_a_drain_through_two_real_routers_moves_the_session_between_turns(
             router.stop()
 
 
-class RouterProcess:
-    """``sessionfleet router`` for one namespace on a free loopback port."""
-
-    def __init__(self, kubeconfig: Path, namespace: str, replica: str, logs: Path) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.argv = [
+def start_router(kubeconfig: Path, namespace: str, replica: str, logs: Path) -> tuple[str, Process]:
+    """``sessionfleet router`` for one namespace on a free loopback port, once it is ready."""
+    port = free_port()
+    router = Process(
+        [
             str(SESSIONFLEET),
             "router",
             "--host=127.0.0.1",
-            f"--port={self.port}",
+            f"--port={port}",
             f"--namespace={namespace}",
             f"--kubeconfig={kubeconfig}",
             f"--replica={replica}",
             "--flush-interval=1",
             "--create-timeout=30",
-        ]
-        self.log = logs / f"router-{replica}.log"
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        with self.log.open("ab") as log:
-            self.process = subprocess.Popen(
-                self.argv,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env={**os.environ, "PYTHONSAFEPATH": "1"},
-            )
-        wait_until(
-            lambda: httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200,
-            timeout=30,
-            what=f"router at {self.url}",
-        )
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=5)
+        ],
+        logs / f"router-{replica}.log",
+    )
+    url = f"http://127.0.0.1:{port}"
+    router.wait_http(f"{url}/readyz")
+    return url, router
 
 
 def via_router(

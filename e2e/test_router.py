@@ -8,10 +8,7 @@ range). Routers run as ``sessionfleet router`` processes serving the test's name
 
 from __future__ import annotations
 
-import os
 import secrets
-import signal
-import subprocess
 import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -24,6 +21,7 @@ from kubernetes import client
 
 from e2e.helpers import CRDS_DIR, Kubectl, wait_until
 from e2e.localcluster import LocalCluster
+from e2e.operator import Process
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -31,46 +29,6 @@ SESSIONFLEET = Path(sys.executable).parent / "sessionfleet"
 GROUP, VERSION = "sessionfleet.dev", "v1alpha1"
 MODEL = "e2e-model"
 SYSTEM = "You are a coding agent working in a large repository. " * 40
-
-
-class Process:
-    """A ``sessionfleet`` subcommand as a process with its log in a file."""
-
-    def __init__(self, argv: list[str], log_path: Path) -> None:
-        self.argv = argv
-        self.log_path = log_path
-        with log_path.open("ab") as log:
-            self.popen = subprocess.Popen(
-                argv,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env={**os.environ, "PYTHONSAFEPATH": "1"},
-            )
-
-    def wait_http(self, url: str, timeout: float = 30) -> None:
-        def answers() -> bool:
-            if self.popen.poll() is not None:
-                raise AssertionError(f"{self.argv[1]} exited:\n{self.log_tail()}")
-            try:
-                return httpx.get(url, timeout=1).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        wait_until(answers, timeout=timeout, what=url)
-
-    def stop(self) -> int:
-        if self.popen.poll() is None:
-            self.popen.send_signal(signal.SIGTERM)
-            try:
-                self.popen.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait(timeout=10)
-        return self.popen.returncode
-
-    def log_tail(self, lines: int = 30) -> str:
-        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-        return "\n".join(text.splitlines()[-lines:])
 
 
 @pytest.fixture(scope="session")
