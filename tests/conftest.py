@@ -1,12 +1,15 @@
-"""Shared fixtures for the unit tests: the example manifests."""
+"""Shared fixtures for the unit tests: the example manifests, and the router test bed."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 import yaml
+from router_fleet import Fleet
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples"
@@ -34,3 +37,16 @@ def valid_manifest(request: pytest.FixtureRequest) -> dict[str, Any]:
 @pytest.fixture(params=INVALID, ids=[name for name, _ in INVALID])
 def invalid_manifest(request: pytest.FixtureRequest) -> dict[str, Any]:
     return request.param[1]  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+async def fleet() -> AsyncIterator[Fleet]:
+    fleet = Fleet()
+    yield fleet
+    await fleet.close()
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
+        yield session

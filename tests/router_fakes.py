@@ -35,6 +35,7 @@ class FakeKube:
         self.changed = asyncio.Event()
         self.patches: list[tuple[str, dict[str, Any], bool]] = []
         self.creates = 0
+        self.deletes = 0
 
     # --- helpers for tests -----------------------------------------------------------
 
@@ -100,6 +101,7 @@ class FakeKube:
             raise Conflict(409, "already exists", {"reason": "AlreadyExists"})
         obj = copy.deepcopy(body)
         obj.setdefault("status", {})
+        obj["metadata"]["uid"] = f"uid-{self.revision + 1}"
         self._store(resource.plural, obj, "ADDED")
         return copy.deepcopy(obj)
 
@@ -140,12 +142,21 @@ class FakeKube:
         return copy.deepcopy(obj)
 
     async def delete(
-        self, resource: Resource, name: str, namespace: str | None = None, **_: Any
+        self,
+        resource: Resource,
+        name: str,
+        namespace: str | None = None,
+        *,
+        uid: str | None = None,
+        **_: Any,
     ) -> dict[str, Any]:
-        try:
-            obj = self.objects.pop((resource.plural, name))
-        except KeyError:
-            raise NotFound(404, f"{name} not found") from None
+        key = (resource.plural, name)
+        if key not in self.objects:
+            raise NotFound(404, f"{name} not found")
+        if uid and self.objects[key]["metadata"].get("uid") != uid:
+            raise Conflict(409, "Precondition failed: UID in precondition", {"reason": "Conflict"})
+        obj = self.objects.pop(key)
+        self.deletes += 1
         self.revision += 1
         self.events.append((self.revision, resource.plural, "DELETED", copy.deepcopy(obj)))
         self._wake()

@@ -51,10 +51,10 @@ def session(
 def test_a_session_routes_by_hint_until_bound() -> None:
     table = BindingTable()
     table.apply_session(session("n1", "s1", hint="w1"))
-    view = table.session("s1")
+    view = table.session_named("n1")
     assert view is not None and view.worker == "w1"
     table.apply_session(session("n1", "s1", hint="w1", bound="w2", phase="Bound"))
-    view = table.session("s1")
+    view = table.session_named("n1")
     assert view is not None and view.worker == "w2" and view.phase == "Bound"
     assert table.pinned_sessions("w2") == 1 and table.pinned_sessions("w1") == 0
 
@@ -68,7 +68,7 @@ def test_pinned_counts_follow_updates_and_deletes() -> None:
     assert table.pinned_sessions("w1") == 1
     table.remove_session("b")
     assert table.pinned_sessions("w1") == 0
-    assert table.session("b") is None and table.session_named("b") is None
+    assert table.session_named("b") is None
 
 
 def test_placement_sees_the_sessions_the_router_created() -> None:

@@ -55,8 +55,8 @@ def test_find_model(body: bytes) -> None:
         (b'{"model": ""}', "non-empty string"),
         (b'{"model": null, "x": 1}', "non-empty string"),
         (b'{"model": "' + b"m" * 300 + b'"}', "at most 256"),
-        (b'{"x": 1, "model": "a", "model": "b", nope', "not valid JSON"),
-        (b"{nope", "has no model field|not valid JSON"),
+        (b'{"x": 1, "model": "a", "model": "b", nope', "not a complete JSON object"),
+        (b"{nope", "has no model field|not a complete JSON object"),
     ],
 )
 def test_find_model_refusals(body: bytes, message: str) -> None:

@@ -36,7 +36,7 @@ def test_flags_reach_the_settings() -> None:
     )
     assert (settings.flush_interval, settings.flush_writes_per_second) == (3, 9)
     assert (settings.config.hold_timeout, settings.config.retry_after) == (4, 2)
-    assert (settings.config.sync_timeout, settings.config.max_body_bytes) == (6, 1000)
+    assert (settings.config.sync_timeout, settings.config.intake.max_body_bytes) == (6, 1000)
     assert (settings.create_timeout, settings.connect_timeout, settings.read_timeout) == (
         1.5,
         2.5,

@@ -13,11 +13,11 @@ T0 = 1_800_000_000.0
 def test_many_turns_within_an_interval_make_one_write() -> None:
     ledger = UsageLedger(interval=10)
     for second in range(30):
-        ledger.record("s", turn_totals(Usage(100, 1, 90), first_turn=False, now=T0 + second))
+        ledger.record("s", turn_totals(Usage(100, 1, 90), started=T0 + second, now=T0 + second))
         for name in ledger.due(T0 + second):
             ledger.take(name, T0 + second)
     # Turns every second for 30 s, interval 10 s: written at 0, 10 and 20 only.
-    assert ledger.pending("s") == Totals(9, 900, 810, 9, 90, T0 + 29)
+    assert ledger.pending("s") == Totals(9, 900, 810, 9, T0 + 29, T0 + 21, 10)
     assert ledger.due(T0 + 29) == []
     assert ledger.due(T0 + 30) == ["s"]
 
@@ -56,10 +56,21 @@ def test_prune_keeps_memory_bounded() -> None:
 
 
 def test_recomputed_tokens_count_after_the_first_turn_only() -> None:
-    assert turn_totals(Usage(1000, 5, 0), first_turn=True, now=T0).recomputed_tokens == 0
-    assert turn_totals(Usage(1000, 5, 900), first_turn=False, now=T0).recomputed_tokens == 100
-    assert turn_totals(Usage(1000, 5, None), first_turn=False, now=T0).recomputed_tokens == 1000
-    assert turn_totals(None, first_turn=False, now=T0) == Totals(turns=1, last_activity=T0)
+    first = turn_totals(Usage(1000, 5, 0), started=T0, now=T0 + 1)
+    second = turn_totals(Usage(1100, 5, 900), started=T0 + 2, now=T0 + 3)
+    third = turn_totals(Usage(1200, 5, None), started=T0 + 4, now=T0 + 5)
+    assert first.recomputed_tokens == 0
+    # Whatever order they are added in, the earliest turn is the first.
+    for order in ((first, second, third), (third, second, first), (second, third, first)):
+        total = order[0].add(order[1]).add(order[2])
+        assert total.recomputed_tokens == 200 + 1200
+        assert (total.first_turn_at, total.first_turn_uncached) == (T0, 1000)
+    assert second.add(third).recomputed_tokens == 1200  # second is first among them
+    assert turn_totals(None, started=T0, now=T0 + 1) == Totals(
+        turns=1, last_activity=T0 + 1, first_turn_at=T0
+    )
+    # An engine that reports more cached than prompt tokens cannot make it negative.
+    assert turn_totals(Usage(10, 1, 50), started=T0, now=T0).cached_tokens == 10
 
 
 def test_status_patch_adds_the_delta_to_what_was_observed() -> None:
@@ -74,7 +85,7 @@ def test_status_patch_adds_the_delta_to_what_was_observed() -> None:
             "phase": "Bound",
         }
     )
-    patch = status_patch(observed, Totals(2, 100, 100, 2, 0, T0), "42")
+    patch = status_patch(observed, Totals(2, 100, 100, 2, T0, T0 - 5, 0), "42")
     assert patch == {
         "metadata": {"resourceVersion": "42"},
         "status": {
@@ -87,6 +98,11 @@ def test_status_patch_adds_the_delta_to_what_was_observed() -> None:
             "lastActivity": rfc3339(max(T0, observed.last_activity)),
         },
     }
+    # A status written before first turns were recorded: its turns all came first.
+    assert observed.first_turn_uncached == 300 - 200 - 40
+    written = status_patch(Totals(), Totals(1, 100, 0, 1, T0, T0, 100), "1")["status"]
+    assert written["firstTurnUncachedTokens"] == 100
+    assert Totals.from_status(written).first_turn_at == T0
 
 
 def test_status_patch_of_nothing_yet() -> None:

@@ -8,118 +8,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp.test_utils import TestServer
-from router_fakes import FakeKube
+from router_fleet import MODEL, Fleet, chat, opening, post, until, worker_object
 
-from sessionfleet.engines.sim.engine import EngineConfig
-from sessionfleet.engines.sim.server import build_app
 from sessionfleet.kube import SESSIONS, WORKERS
 from sessionfleet.router.identity import HeaderConfig, session_object_name
-from sessionfleet.router.proxy import SESSION_HEADER, WORKER_HEADER, RouterConfig
-from sessionfleet.router.server import Router, RouterSettings
-
-MODEL = "agent-model"
-NS = "default"
-SYSTEM = "You are a careful coding agent. " * 30
-
-
-def worker_object(
-    name: str, endpoint: str, *, phase: str = "Ready", model: str = MODEL, max_sessions: int = 8
-) -> dict[str, Any]:
-    return {
-        "apiVersion": "sessionfleet.dev/v1alpha1",
-        "kind": "InferenceWorker",
-        "metadata": {"name": name, "namespace": NS},
-        "spec": {"model": model, "capacity": {"maxSessions": max_sessions}},
-        "status": {"phase": phase, "endpoint": endpoint},
-    }
-
-
-class Fleet:
-    """Engines, a fake API and routers, all on 127.0.0.1."""
-
-    def __init__(self) -> None:
-        self.kube = FakeKube()
-        self.servers: list[TestServer] = []
-        self.routers: list[Router] = []
-        self.http: aiohttp.ClientSession | None = None
-
-    async def engine(self, name: str, **config: Any) -> str:
-        server = TestServer(build_app(EngineConfig(model=MODEL, **config)), host="127.0.0.1")
-        await server.start_server()
-        self.servers.append(server)
-        endpoint = str(server.make_url("")).rstrip("/")
-        self.kube.put(WORKERS.plural, worker_object(name, endpoint))
-        return endpoint
-
-    async def router(self, **config: Any) -> tuple[str, Router]:
-        settings = RouterSettings(
-            namespace=NS,
-            replica=f"r{len(self.routers)}",
-            config=RouterConfig(**config),
-            flush_interval=60,
-            flush_writes_per_second=8,
-            flush_tick=3600,  # no background writes: each test flushes when it means to
-        )
-        router = Router(self.kube, settings)  # type: ignore[arg-type]
-        server = TestServer(router.app(), host="127.0.0.1")
-        await server.start_server()
-        self.servers.append(server)
-        self.routers.append(router)
-        return str(server.make_url("")).rstrip("/"), router
-
-    async def close(self) -> None:
-        for server in reversed(self.servers):
-            await server.close()
-
-
-@pytest.fixture
-async def fleet() -> AsyncIterator[Fleet]:
-    fleet = Fleet()
-    yield fleet
-    await fleet.close()
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
-        yield session
-
-
-Post = Callable[..., Awaitable[tuple[int, dict[str, Any], dict[str, str]]]]
-
-
-async def post(
-    http: aiohttp.ClientSession,
-    url: str,
-    body: Any,
-    headers: dict[str, str] | None = None,
-    path: str = "/v1/chat/completions",
-) -> tuple[int, dict[str, Any], dict[str, str]]:
-    data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    async with http.post(url + path, data=data, headers=headers or {}) as r:
-        return r.status, await r.json(), dict(r.headers)
-
-
-def chat(messages: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
-    return {"model": MODEL, "messages": messages, "max_tokens": 8, **extra}
-
-
-def opening(text: str = "Fix the failing test.") -> list[dict[str, Any]]:
-    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": text}]
-
-
-async def until(predicate: Callable[[], bool], timeout: float = 5) -> None:
-    for _ in range(int(timeout / 0.01)):
-        if predicate():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("condition not reached in time")
+from sessionfleet.router.limits import IntakeLimits
+from sessionfleet.router.proxy import SESSION_HEADER, WORKER_HEADER
 
 
 async def test_a_session_sticks_and_its_usage_is_written(
@@ -292,7 +190,7 @@ async def test_the_final_turn_finishes_the_session(
     obj = fleet.kube.obj(SESSIONS.plural, name)
     obj["status"]["phase"] = "Finished"
     fleet.kube.put(SESSIONS.plural, obj)
-    await until(lambda: (router.table.session("done") or obj).phase == "Finished")  # type: ignore[attr-defined]
+    await until(lambda: (router.table.session_named(name) or obj).phase == "Finished")  # type: ignore[attr-defined]
     status, body, headers = await post(http, url, chat(opening()), {"X-Session-Id": "done"})
     assert status == 409 and body["error"]["code"] == "session_finished"
     assert headers["X-Sessionfleet-Reason"] == "session_finished"
@@ -392,7 +290,7 @@ async def test_engine_errors_pass_through(fleet: Fleet, http: aiohttp.ClientSess
 
 async def test_methods_paths_and_sizes(fleet: Fleet, http: aiohttp.ClientSession) -> None:
     await fleet.engine("w1")
-    url, _ = await fleet.router(max_body_bytes=1000)
+    url, _ = await fleet.router(intake=IntakeLimits(max_body_bytes=1000))
     async with http.get(url + "/v1/chat/completions") as r:
         assert r.status == 405 and (await r.json())["error"]["code"] == "method_not_allowed"
     async with http.post(url + "/nowhere", json={}) as r:
@@ -535,7 +433,7 @@ async def test_a_lost_session_continues_on_a_ready_worker(
             "status": {"phase": "Lost", "worker": "deleted-worker"},
         },
     )
-    await until(lambda: all(r.table.session("orphan") is not None for r in (router_a, router_b)))
+    await until(lambda: all(r.table.session_named(name) is not None for r in (router_a, router_b)))
     answers = [
         await post(http, url, chat(opening()), {"X-Session-Id": "orphan"})
         for url in (url_a, url_b, url_a)

@@ -170,6 +170,19 @@ class AgentSessionStatus(ApiModel):
     last_activity: datetime | None = Field(
         default=None, description="When the last turn completed."
     )
+    first_turn_at: datetime | None = Field(
+        default=None,
+        description=(
+            "When the session's first counted turn started. Router replicas write their "
+            "turns in any order; the earliest turn is the one whose prefix is not counted "
+            "as recomputed."
+        ),
+    )
+    first_turn_uncached_tokens: int | None = Field(
+        default=None,
+        ge=0,
+        description="Prompt tokens of the first turn not served from cache (new by nature).",
+    )
     migrations: list[Migration] = Field(
         default_factory=list, description="Moves to other workers, oldest first."
     )

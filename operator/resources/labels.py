@@ -11,6 +11,12 @@ EPOCH_LABEL = "sessionfleet.dev/epoch"
 MODEL_LABEL = "sessionfleet.dev/model"
 """On a worker's pods: the served model, sanitised to a label value."""
 
+OWNER_LABEL = "sessionfleet.dev/owner"
+"""On an AgentSession the router created for an authenticated client: that client."""
+
+CREATED_BY_ANNOTATION = "sessionfleet.dev/created-by"
+"""On an AgentSession: the router replica that created it (for people reading it)."""
+
 MANAGED_BY = {"app.kubernetes.io/managed-by": "sessionfleet"}
 
 KARPENTER_DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"

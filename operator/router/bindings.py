@@ -25,6 +25,7 @@ from typing import Any, Final
 
 from sessionfleet.api import SessionPhase, WorkerPhase
 from sessionfleet.policy.placement import WorkerLoad
+from sessionfleet.resources.labels import OWNER_LABEL
 from sessionfleet.router.ledger import Totals
 
 SERVING_PHASES: Final = frozenset({WorkerPhase.READY.value, WorkerPhase.DRAINING.value})
@@ -93,6 +94,9 @@ class SessionView:
     """While Migrating: the operator's migratingSince, as written (the handshake's stamp)."""
     acks: dict[str, str] = field(default_factory=dict)
     """Annotations acknowledging a migration, ``ack.sessionfleet.dev/<replica>``."""
+    owner: str | None = None
+    """The owner label: the authenticated client that created it through a router."""
+    uid: str = ""
 
     @property
     def pins_worker(self) -> bool:
@@ -121,17 +125,18 @@ class SessionView:
                 for k, v in (meta.get("annotations") or {}).items()
                 if k.startswith("ack.sessionfleet.dev/")
             },
+            owner=(meta.get("labels") or {}).get(OWNER_LABEL),
+            uid=str(meta.get("uid", "")),
         )
 
 
 class BindingTable:
-    """Workers and sessions by name, sessions by id, and who waits for a change."""
+    """Workers and sessions by name, and who waits for a change."""
 
     def __init__(self) -> None:
         self.workers: dict[str, WorkerView] = {}
         self._by_model: dict[str, list[WorkerView]] = {}
         self._sessions: dict[str, SessionView] = {}
-        self._by_id: dict[str, SessionView] = {}
         self._pinned: Counter[str] = Counter()
         self._turn = itertools.count()
         self._changed = asyncio.Event()
@@ -144,10 +149,6 @@ class BindingTable:
     def synced(self) -> bool:
         """Whether both initial lists have been loaded."""
         return self.workers_synced and self.sessions_synced
-
-    def session(self, session_id: str) -> SessionView | None:
-        """Return the session with this client id, if known."""
-        return self._by_id.get(session_id)
 
     def session_named(self, name: str) -> SessionView | None:
         """Return the session with this object name, if known."""
@@ -281,7 +282,6 @@ class BindingTable:
     def replace_sessions(self, objects: Iterable[Mapping[str, Any]]) -> None:
         """Replace every session with a fresh list (after a LIST)."""
         self._sessions.clear()
-        self._by_id.clear()
         self._pinned.clear()
         for obj in objects:
             self._add_session(SessionView.from_object(obj))
@@ -290,8 +290,6 @@ class BindingTable:
 
     def _add_session(self, view: SessionView) -> None:
         self._sessions[view.name] = view
-        if view.session_id:
-            self._by_id[view.session_id] = view
         if view.pins_worker and view.worker is not None:
             self._pinned[view.worker] += 1
 
@@ -299,8 +297,6 @@ class BindingTable:
         previous = self._sessions.pop(name, None)
         if previous is None:
             return None
-        if self._by_id.get(previous.session_id) is previous:
-            del self._by_id[previous.session_id]
         if previous.pins_worker and previous.worker is not None:
             self._pinned[previous.worker] -= 1
             if self._pinned[previous.worker] <= 0:

@@ -13,7 +13,9 @@ first key; or when the brackets after its value close the outermost object (chec
 over that short tail only, for clients that send ``model`` after ``messages``); or
 when it is the only such key in the body (a chat or completion request must have a
 top-level ``model``). Otherwise, with several such keys (a tool schema with a
-``model`` property), the body is decoded in full, which is rare and always correct.
+``model`` property), the whole body is walked (:func:`decode_model`): strings and
+brackets only, with no Python objects built, so that no body can make the router's
+memory grow with its nesting. That is rare; a large body is walked in a thread.
 
 Responses are read the same way: ``usage`` is the last key of a response and the last
 chunk of a stream, so it is found by searching the tail backwards and decoding only
@@ -22,6 +24,7 @@ its value.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from typing import Any, Final
@@ -71,11 +74,18 @@ def _check(model: Any) -> str:
 
 
 def _string_at(body: bytes, start: int) -> tuple[str, int] | None:
-    """Decode the JSON string value at ``start``; return it and where it ends."""
+    r"""Decode the JSON string value at ``start``; return it and where it ends.
+
+    Raises :class:`BodyError` for a string JSON cannot decode (an invalid escape such
+    as ``\q``, a lone surrogate escape is fine, invalid UTF-8 is not).
+    """
     match = _JSON_STRING.match(body, start, start + _WINDOW)
     if match is None:
         return None
-    value = json.loads(match.group())
+    try:
+        value = json.loads(match.group())
+    except ValueError as error:  # UnicodeDecodeError is a ValueError too
+        raise BodyError(f"model is not a valid JSON string: {error}") from error
     return (value, match.end()) if isinstance(value, str) else None
 
 
@@ -98,14 +108,20 @@ def _closes_top_level(body: bytes, start: int) -> bool:
     return False
 
 
-def find_model(body: bytes) -> str:
-    """Return the top-level ``model`` of a JSON request body; raise :class:`BodyError`.
+FULL_WALK_INLINE_BYTES: Final = 65536
+"""Bodies up to this size are walked on the event loop when the scan cannot decide;
+larger ones in a worker thread, so a large body never stalls other turns."""
+
+
+def scan_model(body: bytes) -> str | None:
+    """Return the top-level ``model`` of a JSON request body found by scanning.
 
     Three ways, cheapest first, each exact: ``model`` is the object's first key (then
     it is top-level by position); or the last ``model`` key is followed by nothing but
     the rest of the top-level object (checked over that short tail only: clients that
     write ``model`` after ``messages``); or the body has exactly one ``model`` key (one
-    forward pass). Otherwise — several such keys, or none found — the body is decoded.
+    forward pass). Returns None when only a walk of the whole body can tell (several such keys, or
+    none found); raises :class:`BodyError` for a body that cannot be routed.
     """
     first = 0
     while first < len(body) and body[first] in _WHITESPACE:
@@ -140,16 +156,78 @@ def find_model(body: bytes) -> str:
         if string is None:
             raise BodyError("model must be a non-empty string naming the served model")
         return _check(string[0])
-    # No key found (it may be written with escapes, or be missing) or several: decode.
-    try:
-        decoded = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as error:
-        raise BodyError(f"the request body is not valid JSON: {error}") from error
-    if not isinstance(decoded, dict):
+    return None
+
+
+def _is_model_key(token: bytes) -> bool:
+    if token == _MODEL_KEY:
+        return True
+    if b"\\" not in token:
+        return False
+    try:  # a key written with escapes, such as "mod\u0065l"
+        return bool(json.loads(token) == "model")
+    except ValueError:
+        return False
+
+
+def decode_model(body: bytes) -> str:
+    """Return the top-level ``model`` by walking the whole body; raise :class:`BodyError`.
+
+    The walk tokenises strings and brackets only (a regular expression, at C speed) and
+    follows the nesting depth, so it finds the top-level key however the body is laid
+    out (several ``model`` keys, escaped keys; with duplicates the last one wins, as in
+    a JSON decoder) while building no objects: memory stays flat whatever the body
+    holds. The rest of the body is not validated; the engine refuses invalid JSON.
+    """
+    first = len(body) - len(body.lstrip(_WHITESPACE))
+    if first >= len(body) or body[first] != ord("{"):
         raise BodyError("the request body must be a JSON object")
-    if "model" not in decoded:
+    depth = 0
+    value_at: int | None = None
+    for token in _TAIL_TOKENS.finditer(body, first):
+        symbol = body[token.start()]
+        if symbol == ord('"'):
+            if depth == 1:
+                after = token.end()
+                while after < len(body) and body[after] in _WHITESPACE:
+                    after += 1
+                if after < len(body) and body[after] == ord(":") and _is_model_key(token.group()):
+                    value_at = after + 1
+                    while value_at < len(body) and body[value_at] in _WHITESPACE:
+                        value_at += 1
+        elif symbol in b"{[":
+            depth += 1
+        else:
+            depth -= 1
+            if depth <= 0:
+                break
+    if depth != 0:
+        raise BodyError("the request body is not a complete JSON object")
+    if value_at is None:
         raise BodyError("the request body has no model field")
-    return _check(decoded["model"])
+    string = _string_at(body, value_at)
+    if string is None:
+        raise BodyError("model must be a non-empty string naming the served model")
+    return _check(string[0])
+
+
+def find_model(body: bytes) -> str:
+    """Return the top-level ``model`` of a JSON request body; raise :class:`BodyError`.
+
+    The scan of :func:`scan_model`, else a walk of the whole body (:func:`decode_model`).
+    """
+    model = scan_model(body)
+    return model if model is not None else decode_model(body)
+
+
+async def model_of(body: bytes) -> str:
+    """:func:`find_model` for the event loop: a large full decode runs in a thread."""
+    model = scan_model(body)
+    if model is not None:
+        return model
+    if len(body) <= FULL_WALK_INLINE_BYTES:
+        return decode_model(body)
+    return await asyncio.to_thread(decode_model, body)
 
 
 _USAGE_KEY = re.compile(r'"usage"\s*:\s*')
@@ -172,7 +250,7 @@ def usage_in_tail(tail: bytes) -> Usage | None:
     for match in reversed(matches[-_MAX_TRIES:]):
         try:
             value, _ = _DECODER.raw_decode(text, match.end())
-        except ValueError:
+        except (ValueError, RecursionError):
             continue
         usage = parse_usage(value)
         if usage is not None:
@@ -185,6 +263,6 @@ def usage_in_body(body: bytes) -> Usage | None:
     if len(body) <= TAIL_BYTES:
         try:
             return usage_of_response(json.loads(body))
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, RecursionError):
             return None
     return usage_in_tail(body[-TAIL_BYTES:])

@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sessionfleet.router.limits import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_INFLIGHT_BODY_BYTES
+
 if TYPE_CHECKING:
     from sessionfleet.router.server import RouterSettings
 
@@ -25,7 +27,7 @@ NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 def _positive_float(text: str) -> float:
     value = float(text)
-    if value <= 0:
+    if not value > 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"must be positive, not {value}")
     return value
 
@@ -34,6 +36,13 @@ def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    value = float(text)
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number, 0 or more, not {text}")
     return value
 
 
@@ -136,11 +145,69 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
         default=600.0,
         help="seconds without a byte from a worker before giving up (default: 600)",
     )
-    parser.add_argument(
+    limits = parser.add_argument_group("limits (docs/router.md, Limits)")
+    limits.add_argument(
         "--max-body-bytes",
         type=_positive_int,
-        default=64 << 20,
-        help="largest request body accepted (default: 64 MiB)",
+        default=DEFAULT_MAX_BODY_BYTES,
+        help="largest request body accepted, 413 beyond it (default: 8 MiB, a 200K-token "
+        "context with room to spare)",
+    )
+    limits.add_argument(
+        "--max-inflight-body-bytes",
+        type=_positive_int,
+        default=DEFAULT_MAX_INFLIGHT_BODY_BYTES,
+        help="bytes of request bodies held at once, 503 beyond it (default: 192 MiB)",
+    )
+    limits.add_argument(
+        "--body-timeout",
+        type=_positive_float,
+        default=30.0,
+        help="seconds for a request body to arrive, 408 beyond it (default: 30)",
+    )
+    limits.add_argument(
+        "--idle-timeout",
+        type=_positive_float,
+        default=30.0,
+        help="seconds for a connection to send a request's headers, or to stay idle "
+        "between requests, before it is closed (default: 30)",
+    )
+    limits.add_argument(
+        "--max-connections",
+        type=_positive_int,
+        default=4096,
+        help="open client connections; a new one beyond it is answered 503 (default: 4096)",
+    )
+    limits.add_argument(
+        "--new-sessions-per-client",
+        type=_non_negative_float,
+        default=20.0,
+        help="new sessions a second one client may open, 429 beyond it; 0: no limit (default: 20)",
+    )
+    limits.add_argument(
+        "--new-sessions-burst-per-client",
+        type=_non_negative_float,
+        default=40.0,
+        help="new sessions one client may open at once after a quiet time (default: 40)",
+    )
+    limits.add_argument(
+        "--new-sessions-per-second",
+        type=_non_negative_float,
+        default=200.0,
+        help="new sessions a second, all clients together; 0: no limit (default: 200)",
+    )
+    limits.add_argument(
+        "--new-sessions-burst",
+        type=_non_negative_float,
+        default=400.0,
+        help="new sessions at once, all clients together (default: 400)",
+    )
+    parser.add_argument(
+        "--api-keys-dir",
+        type=Path,
+        default=None,
+        help="require an API key: a folder with one file per client, the file's name "
+        "the client's, its content the key (a mounted Secret); default: no authentication",
     )
     parser.add_argument("--log-level", default="INFO", help="logging level (default: INFO)")
     parser.set_defaults(func=run)
@@ -149,7 +216,9 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
 
 def settings_from_args(args: argparse.Namespace) -> RouterSettings:
     """Return the router's settings from the parsed flags."""
+    from sessionfleet.router.admission import SessionRates
     from sessionfleet.router.identity import HeaderConfig
+    from sessionfleet.router.limits import IntakeLimits
     from sessionfleet.router.proxy import RouterConfig
     from sessionfleet.router.server import RouterSettings
 
@@ -161,13 +230,26 @@ def settings_from_args(args: argparse.Namespace) -> RouterSettings:
             hold_timeout=args.hold_timeout,
             retry_after=args.retry_after,
             sync_timeout=args.sync_timeout,
-            max_body_bytes=args.max_body_bytes,
+            intake=IntakeLimits(
+                max_body_bytes=args.max_body_bytes,
+                max_inflight_body_bytes=args.max_inflight_body_bytes,
+                body_timeout=args.body_timeout,
+            ),
+            session_rates=SessionRates(
+                per_client=args.new_sessions_per_client,
+                per_client_burst=args.new_sessions_burst_per_client,
+                total=args.new_sessions_per_second,
+                total_burst=args.new_sessions_burst,
+            ),
         ),
         flush_interval=args.flush_interval,
         flush_writes_per_second=args.flush_writes_per_second,
         create_timeout=args.create_timeout,
         connect_timeout=args.connect_timeout,
         read_timeout=args.read_timeout,
+        api_keys_dir=args.api_keys_dir,
+        max_connections=args.max_connections,
+        idle_timeout=args.idle_timeout,
     )
 
 
@@ -185,20 +267,23 @@ def run(args: argparse.Namespace) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    settings = settings_from_args(args)
+    try:
+        settings = settings_from_args(args)
+    except ValueError as error:
+        print(f"router: {error}", file=sys.stderr)
+        return 2
     try:
         kube_config = KubeConfig.load(args.kubeconfig)
     except Exception as error:  # the kubernetes loader raises many kinds
         print(f"router: cannot load the Kubernetes configuration: {error}", file=sys.stderr)
         return 2
 
-    async def main() -> None:
+    async def main() -> int:
         kube = Kube(kube_config, user_agent=f"sessionfleet-router/{settings.replica}")
-        await serve(kube, settings, args.host, args.port)
+        return await serve(kube, settings, args.host, args.port)
 
     try:
-        asyncio.run(main())
+        return asyncio.run(main())
     except OSError as error:
         print(f"router: cannot serve on {args.host}:{args.port}: {error}", file=sys.stderr)
         return 1
-    return 0

@@ -44,10 +44,14 @@ REASON_HEADER: Final = "X-Sessionfleet-Reason"
 
 _TYPES: Final = {
     400: "invalid_request_error",
+    401: "authentication_error",
     404: "not_found_error",
     405: "invalid_request_error",
+    408: "invalid_request_error",
     409: "conflict_error",
     413: "invalid_request_error",
+    415: "invalid_request_error",
+    429: "rate_limit_error",
     502: "upstream_error",
     503: "service_unavailable_error",
 }
@@ -65,22 +69,24 @@ class RouterError(Exception):
         self.message = message
         self.retry_after = retry_after
 
+    def body(self) -> bytes:
+        """Return the JSON error body."""
+        error = {
+            "message": self.message,
+            "type": _TYPES.get(self.status, "error"),
+            "code": self.code,
+            "param": None,
+        }
+        return json.dumps({"error": error}).encode()
+
     def response(self) -> web.Response:
         """Return the HTTP answer."""
-        body = {
-            "error": {
-                "message": self.message,
-                "type": _TYPES.get(self.status, "error"),
-                "code": self.code,
-                "param": None,
-            }
-        }
         headers = {REASON_HEADER: self.code}
         if self.retry_after is not None:
             headers["Retry-After"] = str(self.retry_after)
         return web.Response(
             status=self.status,
-            body=json.dumps(body).encode(),
+            body=self.body(),
             content_type="application/json",
             headers=headers,
         )

@@ -16,21 +16,23 @@ The configured header wins over the clients' own, since an operator who set it m
 it. A "final" marker header (``X-Session-Final: true``) says that this turn is the
 session's last. The AgentSession's object name is derived from the session id alone
 (:func:`session_object_name`), so every router replica computes the same name and a
-concurrent create by two replicas collides instead of creating two objects.
+concurrent create by two replicas collides instead of creating two objects; with client
+authentication on, from the client and the id, so clients cannot share a session.
 
 Pure: no I/O.
 """
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Final
 
 from sessionfleet.api import SessionClient
+from sessionfleet.resources.names import session_object_name
+
+__all__ = ["Identity", "IdentityError", "HeaderConfig", "identify", "session_object_name"]
 
 CLAUDE_CODE_SESSION: Final = "x-claude-code-session-id"
 CLAUDE_CODE_AGENT: Final = "x-claude-code-agent-id"
@@ -125,22 +127,3 @@ def _final(headers: Mapping[str, str], name: str) -> bool:
     if value in _FALSE:
         return False
     raise IdentityError(f"header {name}: expected true or false, not {value[:32]!r}")
-
-
-_NOT_NAME = re.compile(r"[^a-z0-9]+")
-_READABLE_CHARS: Final = 40
-_HASH_CHARS: Final = 12
-
-
-@lru_cache(maxsize=65536)
-def session_object_name(session_id: str) -> str:
-    """Return the AgentSession name for a session id: a DNS-1123 label, same on every replica.
-
-    A readable part (the id lowercased, runs of other characters turned into ``-``,
-    at most 40 characters) and 12 hex digits of the id's SHA-256, so that ids that
-    differ only in case or punctuation still get different names: ``Sess_42`` becomes
-    ``sess-42-<hash>``. At most 53 characters.
-    """
-    digest = hashlib.sha256(session_id.encode()).hexdigest()[:_HASH_CHARS]
-    readable = _NOT_NAME.sub("-", session_id.lower()).strip("-")[:_READABLE_CHARS].strip("-")
-    return f"{readable}-{digest}" if readable else f"session-{digest}"

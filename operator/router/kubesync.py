@@ -17,10 +17,12 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Mapping
 from typing import Any, Final
 
-from sessionfleet.api import API_VERSION
+from pydantic import ValidationError
+
+from sessionfleet.api import API_VERSION, AgentSessionSpec
 from sessionfleet.kube import (
     SESSIONS,
     WORKERS,
@@ -33,6 +35,9 @@ from sessionfleet.kube import (
     reflect,
 )
 from sessionfleet.policy.placement import PlacementRequest, place
+from sessionfleet.resources.labels import CREATED_BY_ANNOTATION, OWNER_LABEL
+from sessionfleet.resources.names import label_value
+from sessionfleet.router.admission import NewSessionLimiter, SessionRates
 from sessionfleet.router.bindings import BindingTable, SessionView
 from sessionfleet.router.errors import RouterError
 from sessionfleet.router.identity import Identity, session_object_name
@@ -41,8 +46,6 @@ from sessionfleet.router.metrics import RouterMetrics
 
 logger = logging.getLogger("sessionfleet.router")
 
-CREATED_BY_ANNOTATION: Final = "sessionfleet.dev/created-by"
-"""Names the router replica that created an AgentSession (for people reading it)."""
 MAX_FLUSH_ATTEMPTS: Final = 4
 FLUSH_TICK: Final = 0.25
 """Seconds between two looks at which sessions are due for a usage write."""
@@ -81,7 +84,14 @@ async def watch_sessions(
 
 
 class SessionCreator:
-    """Creates (or adopts) the AgentSession of a session's first turn."""
+    """Creates (or adopts) the AgentSession of a session's first turn.
+
+    The object's name is derived from the session id (and, with client authentication,
+    the client), and an object is used for an id only when its name, ``sessionId`` and
+    owner label all match: an AgentSession someone else created never routes a
+    client's turns. New sessions are rate limited (:class:`NewSessionLimiter`); a
+    session whose first turn got no answer is deleted again (:meth:`discard`).
+    """
 
     def __init__(
         self,
@@ -93,6 +103,7 @@ class SessionCreator:
         replica: str,
         timeout: float,
         retry_after: int,
+        limiter: NewSessionLimiter | None = None,
     ) -> None:
         self._kube = kube
         self._namespace = namespace
@@ -101,23 +112,51 @@ class SessionCreator:
         self._replica = replica
         self._timeout = timeout
         self._retry_after = retry_after
+        self._limiter = limiter or NewSessionLimiter(SessionRates(0, 0, 0, 0))
         self._creating: dict[str, asyncio.Future[SessionView]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
 
-    async def ensure(self, identity: Identity, model: str) -> tuple[SessionView, bool]:
+    def _owned(self, view: SessionView, identity: Identity, owner: str | None) -> SessionView:
+        """Return ``view`` if it is this client's session for this id; 409 otherwise."""
+        if view.session_id != identity.session_id or view.owner != owner_label(owner):
+            # Two ids with one name would need a 48-bit hash collision; more likely
+            # someone created an object under the name. Never route by it.
+            raise RouterError(
+                409,
+                "session_name_collision",
+                f"AgentSession {view.name} belongs to another session or client",
+            )
+        return view
+
+    async def ensure(
+        self, identity: Identity, model: str, *, owner: str | None = None, requester: str = ""
+    ) -> tuple[SessionView, bool]:
         """Return the session's view and whether this call created the session.
 
-        Concurrent first turns of one session in this replica share one create.
+        ``owner`` is the authenticated client (None without authentication);
+        ``requester`` is who the new-session rate limit counts against. Concurrent first
+        turns of one session in this replica share one create.
         """
-        known = self._table.session(identity.session_id)
+        name = session_object_name(identity.session_id, owner)
+        known = self._table.session_named(name)
         if known is not None:
-            return known, False
-        pending = self._creating.get(identity.session_id)
+            return self._owned(known, identity, owner), False
+        pending = self._creating.get(name)
         if pending is not None:
             return await asyncio.shield(pending), False
+        wait = self._limiter.admit(requester, time.monotonic())
+        if wait:
+            self._metrics.sessions_created.labels("limited").inc()
+            raise RouterError(
+                429,
+                "too_many_new_sessions",
+                "too many new sessions; established sessions are not limited",
+                retry_after=wait,
+            )
         future: asyncio.Future[SessionView] = asyncio.get_running_loop().create_future()
-        self._creating[identity.session_id] = future
+        self._creating[name] = future
         try:
-            view, created = await self._create(identity, model)
+            view, created = await self._create(name, identity, model, owner)
         except BaseException as error:
             future.set_exception(error)
             future.exception()  # retrieved: no "never retrieved" warning without waiters
@@ -126,10 +165,16 @@ class SessionCreator:
             future.set_result(view)
             return view, created
         finally:
-            del self._creating[identity.session_id]
+            del self._creating[name]
 
-    async def _create(self, identity: Identity, model: str) -> tuple[SessionView, bool]:
-        parent = self._table.session(identity.parent_id) if identity.parent_id else None
+    async def _create(
+        self, name: str, identity: Identity, model: str, owner: str | None
+    ) -> tuple[SessionView, bool]:
+        parent = (
+            self._table.session_named(session_object_name(identity.parent_id, owner))
+            if identity.parent_id
+            else None
+        )
         placement = place(
             PlacementRequest(model=model, parent_worker=parent.worker if parent else None),
             self._table.loads(),
@@ -139,25 +184,21 @@ class SessionCreator:
                 raise RouterError(404, "model_not_found", f"no InferenceWorker serves {model!r}")
             code = "no_capacity" if placement.reason.value == "NoCapacity" else "no_ready_worker"
             raise RouterError(503, code, placement.message, retry_after=self._retry_after)
-        name = session_object_name(identity.session_id)
-        spec: dict[str, Any] = {
-            "sessionId": identity.session_id,
-            "model": model,
-            "client": identity.client.value,
-            "workerHint": placement.worker,
-        }
-        if identity.parent_id:
-            spec["parentSessionId"] = identity.parent_id
-        body = {
-            "apiVersion": API_VERSION,
-            "kind": "AgentSession",
-            "metadata": {
-                "name": name,
-                "namespace": self._namespace,
-                "annotations": {CREATED_BY_ANNOTATION: self._replica},
-            },
-            "spec": spec,
-        }
+        try:
+            body = new_session(
+                name,
+                self._namespace,
+                identity,
+                model,
+                worker_hint=placement.worker,
+                owner=owner,
+                replica=self._replica,
+            )
+        except ValidationError as error:
+            problems = "; ".join(str(e["msg"]) for e in error.errors())
+            raise RouterError(
+                400, "invalid_body", f"the session cannot be recorded: {problems}"
+            ) from error
         try:
             async with asyncio.timeout(self._timeout):
                 try:
@@ -179,16 +220,74 @@ class SessionCreator:
                 f"the new session could not be recorded in the Kubernetes API: {error}",
                 retry_after=self._retry_after,
             ) from error
-        if (obj.get("spec") or {}).get("sessionId") != identity.session_id:
-            # Two ids with one name would need a 48-bit hash collision; refuse rather
-            # than route one session's turns by another's binding.
-            raise RouterError(
-                409,
-                "session_name_collision",
-                f"AgentSession {name} belongs to another session id",
-            )
+        self._owned(SessionView.from_object(obj), identity, owner)
         self._metrics.sessions_created.labels("created" if created else "adopted").inc()
         return self._table.apply_session(obj), created
+
+    def discard(self, session: SessionView, *, busy: Mapping[str, int]) -> None:
+        """Delete, in the background, a session this router created whose first turn failed.
+
+        Kept when any turn of it is in flight (``busy``) or was answered: then it is a
+        session, not an abandoned attempt.
+        """
+        current = self._table.session_named(session.name)
+        if current is None or current.uid != session.uid or busy.get(session.name):
+            return
+        if current.usage.turns:
+            return
+        task = asyncio.get_running_loop().create_task(self._delete(current))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _delete(self, session: SessionView) -> None:
+        try:
+            await self._kube.delete(SESSIONS, session.name, self._namespace, uid=session.uid)
+        except NotFound:
+            return
+        except (KubeError, Conflict) as error:
+            logger.warning("cannot delete abandoned session %s: %s", session.name, error)
+            return
+        self._metrics.sessions_created.labels("discarded").inc()
+        self._table.remove_session(session.name)
+
+
+def owner_label(owner: str | None) -> str | None:
+    """Return the owner label value of an authenticated client (None without one)."""
+    return label_value(owner) if owner is not None else None
+
+
+def new_session(
+    name: str,
+    namespace: str,
+    identity: Identity,
+    model: str,
+    *,
+    worker_hint: str,
+    owner: str | None,
+    replica: str,
+) -> dict[str, Any]:
+    """Return the AgentSession the router creates for a session's first turn."""
+    spec = AgentSessionSpec(
+        session_id=identity.session_id,
+        parent_session_id=identity.parent_id,
+        model=model,
+        client=identity.client,
+        worker_hint=worker_hint,
+    )
+    metadata: dict[str, Any] = {
+        "name": name,
+        "namespace": namespace,
+        "annotations": {CREATED_BY_ANNOTATION: replica},
+    }
+    label = owner_label(owner)
+    if label is not None:
+        metadata["labels"] = {OWNER_LABEL: label}
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "AgentSession",
+        "metadata": metadata,
+        "spec": spec.model_dump(by_alias=True, exclude_defaults=True, mode="json"),
+    }
 
 
 class Flusher:

@@ -18,32 +18,64 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Final
 
 from sessionfleet.engines.vllm import Usage
+
+_EARLIEST: Final = 1e-6
+"""A first-turn time before any real turn (0 means none)."""
 
 
 @dataclass(slots=True)
 class Totals:
-    """Usage counters of a session: observed in its status, or pending in a delta."""
+    """Usage counters of a session: observed in its status, or pending in a delta.
+
+    Recomputed tokens are the prompt tokens not served from cache, except those of
+    the session's first turn (its prefix is new by nature). Which turn is first is
+    not known where a turn is answered: another replica may hold an earlier one not
+    yet written, or this replica's table may not yet show a write that landed. So the
+    totals carry the earliest turn they include (its start time and its uncached
+    tokens) and :meth:`add` keeps the earlier of two; recomputed tokens are derived
+    from that. Adding is then commutative and associative, and the status is exact
+    whatever order deltas are written in.
+    """
 
     turns: int = 0
     prompt_tokens: int = 0
     cached_tokens: int = 0
     completion_tokens: int = 0
-    recomputed_tokens: int = 0
     last_activity: float = 0.0
     """Unix time of the last completed turn; 0 when unknown."""
+    first_turn_at: float = 0.0
+    """Unix time the earliest counted turn started; 0 when none is counted."""
+    first_turn_uncached: int = 0
+    """Prompt tokens of that turn not served from cache."""
+
+    @property
+    def recomputed_tokens(self) -> int:
+        """Prompt tokens not served from cache after the first turn."""
+        return max(0, self.prompt_tokens - self.cached_tokens - self.first_turn_uncached)
+
+    def _first(self, other: Totals) -> Totals:
+        if not other.first_turn_at:
+            return self
+        if not self.first_turn_at:
+            return other
+        mine = (self.first_turn_at, -self.first_turn_uncached)
+        theirs = (other.first_turn_at, -other.first_turn_uncached)
+        return self if mine <= theirs else other
 
     def add(self, other: Totals) -> Totals:
-        """Return the sum of two sets of counters (the later activity wins)."""
+        """Return the sum of two sets of counters (the earlier first turn, the later activity)."""
+        first = self._first(other)
         return Totals(
             self.turns + other.turns,
             self.prompt_tokens + other.prompt_tokens,
             self.cached_tokens + other.cached_tokens,
             self.completion_tokens + other.completion_tokens,
-            self.recomputed_tokens + other.recomputed_tokens,
             max(self.last_activity, other.last_activity),
+            first.first_turn_at,
+            first.first_turn_uncached,
         )
 
     @classmethod
@@ -54,47 +86,61 @@ class Totals:
             value = status.get(key)
             return value if isinstance(value, int) and value >= 0 else 0
 
-        last = status.get("lastActivity")
-        activity = 0.0
-        if isinstance(last, str):
-            try:
-                activity = datetime.fromisoformat(last.replace("Z", "+00:00")).timestamp()
-            except ValueError:
-                activity = 0.0
-        return cls(
+        totals = cls(
             count("turns"),
             count("promptTokens"),
             count("cachedTokens"),
             count("completionTokens"),
-            count("recomputedTokens"),
-            activity,
+            _timestamp(status.get("lastActivity")),
+            _timestamp(status.get("firstTurnAt")),
+            count("firstTurnUncachedTokens"),
         )
+        if totals.turns and not totals.first_turn_at:
+            # Written before the first turn was recorded: every turn it counts came
+            # before anything this router adds, and its recomputed figure stands.
+            totals.first_turn_at = _EARLIEST
+            totals.first_turn_uncached = max(
+                0, totals.prompt_tokens - totals.cached_tokens - count("recomputedTokens")
+            )
+        return totals
 
 
-def turn_totals(usage: Usage | None, *, first_turn: bool, now: float) -> Totals:
-    """Return the counters one turn adds.
+def _timestamp(value: Any) -> float:
+    if not isinstance(value, str):
+        return 0.0
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return 0.0
 
-    Recomputed tokens are prompt tokens not served from cache after the session's
-    first turn (the first turn's prefix is new by nature): work a miss made the engine
-    redo. A turn without usage (an engine started without usage reporting) still
-    counts as a turn.
+
+def turn_totals(usage: Usage | None, *, started: float, now: float) -> Totals:
+    """Return the counters one turn adds: it started at ``started`` and ended ``now``.
+
+    A turn without usage (an engine started without usage reporting) still counts as
+    a turn.
     """
     if usage is None:
-        return Totals(turns=1, last_activity=now)
-    cached = usage.cached_tokens or 0
+        return Totals(turns=1, last_activity=now, first_turn_at=started)
+    cached = min(usage.cached_tokens or 0, usage.prompt_tokens)
     return Totals(
         turns=1,
         prompt_tokens=usage.prompt_tokens,
         cached_tokens=cached,
         completion_tokens=usage.completion_tokens,
-        recomputed_tokens=0 if first_turn else usage.prompt_tokens - cached,
         last_activity=now,
+        first_turn_at=started,
+        first_turn_uncached=usage.prompt_tokens - cached,
     )
 
 
-def rfc3339(timestamp: float) -> str:
-    """Return a Unix time as the API server writes times: ``2026-11-29T14:00:00Z``."""
-    return datetime.fromtimestamp(timestamp, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+def rfc3339(timestamp: float, *, micros: bool = False) -> str:
+    """Return a Unix time as the API server writes times: ``2026-11-29T14:00:00Z``.
+
+    ``micros`` keeps the fraction (``…14:00:00.123456Z``), for times that order turns.
+    """
+    pattern = "%Y-%m-%dT%H:%M:%S.%fZ" if micros else "%Y-%m-%dT%H:%M:%SZ"
+    return datetime.fromtimestamp(timestamp, UTC).strftime(pattern)
 
 
 def status_patch(observed: Totals, delta: Totals, resource_version: str) -> dict[str, Any]:
@@ -115,6 +161,9 @@ def status_patch(observed: Totals, delta: Totals, resource_version: str) -> dict
     }
     if total.last_activity:
         status["lastActivity"] = rfc3339(total.last_activity)
+    if total.first_turn_at > _EARLIEST:
+        status["firstTurnAt"] = rfc3339(total.first_turn_at, micros=True)
+        status["firstTurnUncachedTokens"] = total.first_turn_uncached
     return {"metadata": {"resourceVersion": resource_version}, "status": status}
 
 

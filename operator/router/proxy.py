@@ -16,6 +16,7 @@ chunk) and for a held turn's session to be bound again.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections import Counter
@@ -30,12 +31,15 @@ from yarl import URL
 
 from sessionfleet.engines import FORWARDED_SESSION_HEADER
 from sessionfleet.engines.vllm import Usage
+from sessionfleet.router.admission import ApiKeys, AuthError, SessionRates
 from sessionfleet.router.bindings import HELD_PHASES, BindingTable, SessionView, WorkerView
-from sessionfleet.router.body import TAIL_BYTES, BodyError, find_model, usage_in_body, usage_in_tail
+from sessionfleet.router.body import TAIL_BYTES, BodyError, model_of, usage_in_body, usage_in_tail
 from sessionfleet.router.errors import RouterError
 from sessionfleet.router.identity import HeaderConfig, Identity, IdentityError, identify
+from sessionfleet.router.intake import Intake
 from sessionfleet.router.kubesync import Flusher, SessionCreator
 from sessionfleet.router.ledger import UsageLedger, turn_totals
+from sessionfleet.router.limits import IntakeLimits
 from sessionfleet.router.metrics import RouterMetrics
 
 logger = logging.getLogger("sessionfleet.router")
@@ -64,9 +68,13 @@ _REQUEST_SKIP: Final = frozenset(
         FORWARDED_SESSION_HEADER.lower(),
     }
 )
+_CREDENTIALS: Final = frozenset({"authorization", "x-api-key"})
+"""With client authentication on, the router consumed these; workers never see them."""
 _RESPONSE_SKIP: Final = frozenset(
     {"connection", "keep-alive", "transfer-encoding", "content-length", "upgrade", "trailer"}
 )
+CLIENT_CLOSED: Final = 499
+"""The status recorded (in metrics only) for a turn whose client left mid-answer."""
 _BUFFERED_RESPONSE_MAX: Final = 1 << 20
 """Non-streamed answers up to 1 MiB are read whole and sent in one write."""
 
@@ -79,13 +87,17 @@ class RouterConfig:
     hold_timeout: float = 30.0
     retry_after: int = 5
     sync_timeout: float = 10.0
-    max_body_bytes: int = 64 << 20
+    intake: IntakeLimits = field(default_factory=IntakeLimits)
+    session_rates: SessionRates = field(default_factory=SessionRates)
 
 
-def _forward_headers(incoming: CIMultiDictProxy[str], session_id: str | None) -> CIMultiDict[str]:
+def _forward_headers(
+    incoming: CIMultiDictProxy[str], session_id: str | None, *, strip_credentials: bool
+) -> CIMultiDict[str]:
     headers: CIMultiDict[str] = CIMultiDict()
     for name, value in incoming.items():
-        if name.lower() not in _REQUEST_SKIP:
+        lower = name.lower()
+        if lower not in _REQUEST_SKIP and not (strip_credentials and lower in _CREDENTIALS):
             headers.add(name, value)
     if session_id is not None:
         headers[FORWARDED_SESSION_HEADER] = session_id
@@ -115,6 +127,26 @@ class _Turn:
     created: bool = False
     usage: Usage | None = None
     completed: bool = False
+    """The worker answered 200 and the answer reached the client (or began to)."""
+    outcome: int | None = None
+    """The status to count when it is not the one sent: a stream that broke after its
+    status line (502), or whose client left (499)."""
+    started: float = 0.0
+    """Unix time the request arrived: orders a session's turns across replicas."""
+    body_bytes: int = 0
+    """Bytes of the in-flight body budget this request holds."""
+
+
+def _stream_error(error: BaseException) -> bytes:
+    """Return the server-sent event telling a client its stream broke at the worker."""
+    body = {
+        "error": {
+            "message": f"the worker's stream ended early: {error!r}",
+            "type": "upstream_error",
+            "code": "upstream_error",
+        }
+    }
+    return b"data: " + json.dumps(body).encode() + b"\n\n"
 
 
 class Proxy:
@@ -129,8 +161,11 @@ class Proxy:
         creator: SessionCreator,
         flusher: Flusher,
         client: aiohttp.ClientSession,
+        keys: ApiKeys | None = None,
     ) -> None:
         self.config = config
+        self.keys = keys
+        self.intake = Intake(config.intake)
         self.table = table
         self.ledger = ledger
         self.metrics = metrics
@@ -148,38 +183,65 @@ class Proxy:
     async def handle(self, request: web.Request) -> web.StreamResponse:
         """Route one OpenAI-compatible POST to its worker."""
         start = perf_counter()
-        turn = _Turn()
+        turn = _Turn(started=time.time())
         self.metrics.in_flight.inc()
         try:
             response = await self._route(request, turn)
-            turn.status = response.status
+            turn.status = turn.outcome or response.status
             return response
         except RouterError as error:
             turn.status = error.status
             return error.response()
+        except asyncio.CancelledError:
+            # The server cancels a handler whose client disconnected (when configured
+            # to); what was served still counts (see _stream).
+            turn.status = turn.outcome or CLIENT_CLOSED
+            raise
         finally:
+            self.intake.budget.release(turn.body_bytes)
             self.metrics.in_flight.dec()
             self.metrics.request(turn.route, turn.status, perf_counter() - start - turn.waited)
             if turn.completed:
                 self._account(turn)
+            elif turn.created and turn.session is not None:
+                # The session's first turn got no answer from a worker: nothing of it
+                # is worth keeping for its TTL, unless another turn of it did better.
+                self.creator.discard(turn.session, busy=self.session_turns)
+
+    def _client(self, request: web.Request) -> str | None:
+        """Return the authenticated client (None with authentication off); 401 otherwise."""
+        if self.keys is None:
+            return None
+        try:
+            return self.keys.client_of(request.headers)
+        except AuthError as error:
+            raise RouterError(401, "unauthorized", str(error)) from error
+
+    async def _read_body(self, request: web.Request, turn: _Turn) -> bytes:
+        try:
+            body, turn.body_bytes = await self.intake.read(request)
+        except web.RequestPayloadError as error:
+            raise RouterError(
+                400, "invalid_body", f"the body could not be read: {error}"
+            ) from error
+        return body
 
     async def _route(self, request: web.Request, turn: _Turn) -> web.StreamResponse:
-        try:
-            body = await request.read()
-        except web.HTTPRequestEntityTooLarge as error:
-            raise RouterError(
-                413, "body_too_large", f"the body exceeds {self.config.max_body_bytes} bytes"
-            ) from error
+        owner = self._client(request)
+        body = await self._read_body(request, turn)
         try:
             identity = identify(request.headers, self.config.headers)
-            model = find_model(body)
+            model = await model_of(body)
         except (IdentityError, BodyError) as error:
             code = "invalid_session_id" if isinstance(error, IdentityError) else "invalid_body"
             raise RouterError(400, code, str(error)) from error
         if not self.table.synced:
             await self._wait_synced(turn)
         if identity is not None:
-            session, turn.created = await self.creator.ensure(identity, model)
+            requester = owner if owner is not None else (request.remote or "unknown")
+            session, turn.created = await self.creator.ensure(
+                identity, model, owner=owner, requester=requester
+            )
             if session.model == model:
                 turn.route, turn.identity = "session", identity
                 turn.worker, turn.session = await self._bound_worker(session, turn), session
@@ -292,7 +354,9 @@ class Proxy:
         assert worker is not None and worker.endpoint is not None
         session_id = turn.identity.session_id if turn.identity else None
         url = self._url(worker.endpoint, request.path_qs)
-        headers = _forward_headers(request.headers, session_id)
+        headers = _forward_headers(
+            request.headers, session_id, strip_credentials=self.keys is not None
+        )
         worker.in_flight += 1
         session_name = turn.session.name if turn.session is not None else None
         if session_name is not None:
@@ -364,38 +428,71 @@ class Proxy:
         response = web.StreamResponse(
             status=upstream.status, reason=upstream.reason, headers=self._headers(upstream, turn)
         )
-        await response.prepare(request)
-        tail = bytearray()
-        chunks = upstream.content.iter_any().__aiter__()
-        finished = False
         try:
-            while True:
-                waiting = perf_counter()
-                try:
-                    chunk = await chunks.__anext__()
-                except StopAsyncIteration:
-                    finished = True
-                    break
-                finally:
-                    turn.waited += perf_counter() - waiting
-                await response.write(chunk)
-                tail += chunk
-                if len(tail) > 2 * TAIL_BYTES:
-                    del tail[:-TAIL_BYTES]
-        except (aiohttp.ClientError, TimeoutError) as error:
+            await response.prepare(request)
+        except ConnectionError:
+            turn.outcome = CLIENT_CLOSED
+            return response
+        tail = bytearray()
+        try:
+            broken = await self._relay(response, upstream, turn, tail)
+        except asyncio.CancelledError:
+            turn.outcome = CLIENT_CLOSED
+            raise
+        finally:
+            # Whatever happened, what reached the client was served: count it.
+            turn.usage, turn.completed = usage_in_tail(bytes(tail)), upstream.status == 200
+        if broken is not None:
             # The status line is gone already: report the failure in the stream itself.
-            logger.warning("stream from worker %s broke: %r", upstream.url.host, error)
-            message = f"the worker's stream ended early: {error!r}".replace('"', "'")
-            await response.write(
-                b'data: {"error": {"message": "' + message.encode() + b'", '
-                b'"type": "upstream_error", "code": "upstream_error"}}\n\n'
-            )
-        except ConnectionResetError:
-            return response  # the client went away; nothing to account
-        await response.write_eof()
-        if finished and upstream.status == 200:
-            turn.usage, turn.completed = usage_in_tail(bytes(tail)), True
+            logger.warning("stream from worker %s broke: %r", upstream.url.host, broken)
+            turn.outcome = 502
+            await self._write_quietly(response, _stream_error(broken))
+        elif turn.outcome != CLIENT_CLOSED:
+            await self._write_quietly(response, None)
         return response
+
+    async def _relay(
+        self,
+        response: web.StreamResponse,
+        upstream: aiohttp.ClientResponse,
+        turn: _Turn,
+        tail: bytearray,
+    ) -> BaseException | None:
+        """Pass the worker's chunks on, keeping the last ones in ``tail``.
+
+        Returns the worker's error if its stream broke; a client that goes away sets
+        the turn's outcome to 499 and ends the relay (leaving the upstream context then
+        closes the worker's connection, which ends the request there).
+        """
+        chunks = upstream.content.iter_any().__aiter__()
+        while True:
+            waiting = perf_counter()
+            try:
+                chunk = await chunks.__anext__()
+            except StopAsyncIteration:
+                return None
+            except (aiohttp.ClientError, TimeoutError) as error:
+                return error
+            finally:
+                turn.waited += perf_counter() - waiting
+            tail += chunk
+            if len(tail) > 2 * TAIL_BYTES:
+                del tail[:-TAIL_BYTES]
+            try:
+                await response.write(chunk)
+            except ConnectionError:  # aiohttp's ClientConnectionResetError is one too
+                turn.outcome = CLIENT_CLOSED
+                return None
+
+    @staticmethod
+    async def _write_quietly(response: web.StreamResponse, data: bytes | None) -> None:
+        """Write a last frame and end the answer; a client that left already is no error."""
+        try:
+            if data is not None:
+                await response.write(data)
+            await response.write_eof()
+        except ConnectionError:
+            pass
 
     # --- after the answer ---------------------------------------------------------------
 
@@ -405,9 +502,7 @@ class Proxy:
         if turn.session is None or turn.identity is None:
             return
         name = turn.session.name
-        current = self.table.session_named(name) or turn.session
-        first = turn.created or (current.usage.turns == 0 and self.ledger.pending(name) is None)
-        self.ledger.record(name, turn_totals(turn.usage, first_turn=first, now=time.time()))
+        self.ledger.record(name, turn_totals(turn.usage, started=turn.started, now=time.time()))
         if turn.identity.final:
             self.flusher.finish(name)
 

@@ -6,16 +6,20 @@ import asyncio
 import contextlib
 import logging
 import signal
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Final
+from pathlib import Path
+from typing import Any, Final
 
 import aiohttp
 from aiohttp import web
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from sessionfleet.kube import Kube
+from sessionfleet.router.admission import ApiKeys, NewSessionLimiter
 from sessionfleet.router.bindings import BindingTable
+from sessionfleet.router.errors import REASON_HEADER, RouterError
 from sessionfleet.router.handshake import Acknowledger, LeaseKeeper
 from sessionfleet.router.kubesync import (
     FLUSH_TICK,
@@ -27,10 +31,15 @@ from sessionfleet.router.kubesync import (
 from sessionfleet.router.ledger import UsageLedger
 from sessionfleet.router.metrics import RouterMetrics
 from sessionfleet.router.proxy import Proxy, RouterConfig
+from sessionfleet.supervise import EXIT_TASK_FAILED, Supervisor
 
 logger = logging.getLogger("sessionfleet.router")
 
 SHUTDOWN_FLUSH_SECONDS: Final = 10.0
+
+
+KEYS_RELOAD_SECONDS: Final = 10.0
+"""How often the API key folder is looked at for a rotated Secret."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +55,24 @@ class RouterSettings:
     create_timeout: float = 5.0
     connect_timeout: float = 5.0
     read_timeout: float = 600.0
+    api_keys_dir: Path | None = None
+    """A folder with one file per client holding its key; None: no authentication."""
+    max_connections: int = 4096
+    idle_timeout: float = 30.0
+    """Seconds a connection may take to send a request's headers, or sit idle between
+    requests, before it is closed."""
+
+    def server_options(self) -> dict[str, Any]:
+        """Return the HTTP server's settings (for :class:`aiohttp.web.AppRunner`)."""
+        return {
+            # Request bodies are never inflated (intake answers 415 for compressed
+            # ones); this keeps aiohttp from doing it behind our back.
+            "auto_decompress": False,
+            # aiohttp's keep-alive timer also runs from the moment a connection opens
+            # until its first request's headers are complete: the header timeout.
+            "keepalive_timeout": self.idle_timeout,
+            "access_log": None,
+        }
 
 
 class Router:
@@ -57,6 +84,7 @@ class Router:
         self.table = BindingTable()
         self.ledger = UsageLedger(settings.flush_interval)
         self.metrics = RouterMetrics(self.table)
+        self.keys = ApiKeys(settings.api_keys_dir) if settings.api_keys_dir else None
         self.creator = SessionCreator(
             kube,
             settings.namespace,
@@ -65,6 +93,7 @@ class Router:
             replica=settings.replica,
             timeout=settings.create_timeout,
             retry_after=settings.config.retry_after,
+            limiter=NewSessionLimiter(settings.config.session_rates, time.monotonic()),
         )
         self.flusher = Flusher(
             kube,
@@ -74,12 +103,12 @@ class Router:
             self.metrics,
             writes_per_second=settings.flush_writes_per_second,
         )
-        self._tasks: list[asyncio.Task[None]] = []
+        self.supervisor = Supervisor(logger)
         self._proxy: Proxy | None = None
 
     def app(self) -> web.Application:
         """Return the aiohttp application (the upstream client is created on startup)."""
-        app = web.Application(client_max_size=self.settings.config.max_body_bytes)
+        app = web.Application(client_max_size=self.settings.config.intake.max_body_bytes)
         app.cleanup_ctx.append(self._lifecycle)
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/readyz", self._readyz)
@@ -120,6 +149,7 @@ class Router:
                 self.creator,
                 self.flusher,
                 client,
+                self.keys,
             )
             namespace = self.settings.namespace
             lease = LeaseKeeper(self.kube, namespace, self.settings.replica)
@@ -131,19 +161,20 @@ class Router:
                 self._proxy.session_turns,
                 self._proxy.turn_ended,
             )
-            self._tasks = [
-                asyncio.create_task(watch_workers(self.kube, namespace, self.table)),
-                asyncio.create_task(watch_sessions(self.kube, namespace, self.table, self.ledger)),
-                asyncio.create_task(self.flusher.run(self.settings.flush_tick)),
-                asyncio.create_task(lease.run()),
-                asyncio.create_task(acknowledger.run()),
-            ]
+            supervisor = self.supervisor
+            supervisor.start("worker watch", watch_workers(self.kube, namespace, self.table))
+            supervisor.start(
+                "session watch", watch_sessions(self.kube, namespace, self.table, self.ledger)
+            )
+            supervisor.start("usage flusher", self.flusher.run(self.settings.flush_tick))
+            supervisor.start("lease keeper", lease.run())
+            supervisor.start("migration acknowledger", acknowledger.run())
+            if self.keys is not None:
+                supervisor.start("API key reloader", _reload_keys(self.keys))
             try:
                 yield
             finally:
-                for task in self._tasks:
-                    task.cancel()
-                await asyncio.gather(*self._tasks, return_exceptions=True)
+                await supervisor.stop()
                 try:
                     async with asyncio.timeout(SHUTDOWN_FLUSH_SECONDS):
                         await self.flusher.flush_all()
@@ -171,6 +202,8 @@ class Router:
         return web.Response(text="ok")
 
     async def _readyz(self, _: web.Request) -> web.Response:
+        if self.supervisor.failure is not None:
+            return web.Response(status=503, text=str(self.supervisor.failure))
         if self.table.synced:
             return web.Response(text="ok")
         return web.Response(status=503, text="bindings not loaded yet")
@@ -182,13 +215,64 @@ class Router:
         )
 
 
-async def serve(kube: Kube, settings: RouterSettings, host: str, port: int) -> None:
-    """Run a router until SIGTERM or SIGINT; write pending usage before exiting."""
+class _ConnectionLimit:
+    """The listening socket's protocol factory: aiohttp's handler while under the limit.
+
+    Beyond ``limit`` open connections a new one is answered 503 at once and closed, so
+    that many idle or slow clients cannot hold every socket and buffer of the router.
+    """
+
+    def __init__(self, server: web.Server, limit: int, retry_after: int) -> None:
+        self._server = server
+        self._limit = limit
+        self._refusal = _refusal(retry_after)
+        self.refused = 0
+
+    def __call__(self) -> asyncio.BaseProtocol:
+        if len(self._server.connections) >= self._limit:
+            self.refused += 1
+            return _Refuse(self._refusal)
+        return self._server()
+
+
+def _refusal(retry_after: int) -> bytes:
+    body = RouterError(
+        503, "too_many_connections", "the router has too many open connections; retry shortly"
+    ).body()
+    head = (
+        "HTTP/1.1 503 Service Unavailable\r\n"
+        "Content-Type: application/json\r\n"
+        f"Retry-After: {retry_after}\r\n"
+        f"{REASON_HEADER}: too_many_connections\r\n"
+        "Connection: close\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+class _Refuse(asyncio.Protocol):
+    def __init__(self, answer: bytes) -> None:
+        self._answer = answer
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.WriteTransport)
+        transport.write(self._answer)
+        transport.close()
+
+
+async def serve(kube: Kube, settings: RouterSettings, host: str, port: int) -> int:
+    """Run a router until SIGTERM or SIGINT, or until a background task fails.
+
+    Pending usage is written before exiting. Returns the exit status: 0 after a
+    signal, 1 when a background task failed (Kubernetes then restarts the pod).
+    """
     router = Router(kube, settings)
-    runner = web.AppRunner(router.app(), access_log=None, handle_signals=False)
+    runner = web.AppRunner(router.app(), handle_signals=False, **settings.server_options())
     await runner.setup()
-    site = web.TCPSite(runner, host, port, reuse_address=True, backlog=1024)
-    await site.start()
+    assert runner.server is not None
+    loop = asyncio.get_running_loop()
+    limit = _ConnectionLimit(runner.server, settings.max_connections, settings.config.retry_after)
+    listener = await loop.create_server(limit, host, port, reuse_address=True, backlog=1024)
     logger.info(
         "router %s serving on http://%s:%d (namespace %s)",
         settings.replica,
@@ -197,11 +281,25 @@ async def serve(kube: Kube, settings: RouterSettings, host: str, port: int) -> N
         settings.namespace,
     )
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     try:
-        await stop.wait()
+        failure = await router.supervisor.wait(stop)
     finally:
+        listener.close()
         await runner.cleanup()
         await kube.aclose()
+    if failure is not None:
+        logger.error("exiting: %s", failure)
+        return EXIT_TASK_FAILED
+    return 0
+
+
+async def _reload_keys(keys: ApiKeys) -> None:
+    """Pick up a rotated Secret; a folder that became unreadable keeps the last keys."""
+    while True:
+        await asyncio.sleep(KEYS_RELOAD_SECONDS)
+        try:
+            await asyncio.to_thread(keys.reload)
+        except (OSError, ValueError) as error:
+            logger.warning("API keys not reloaded, keeping the last ones: %s", error)
