@@ -63,7 +63,7 @@ class Fleet:
         self.subnet = f"127.3.{secrets.randbelow(250) + 1}"
         self.next_host = 10
 
-    def worker(self, name: str, *extra: str) -> str:
+    def worker(self, name: str, *extra: str, max_sessions: int = 16) -> str:
         host = f"{self.subnet}.{self.next_host}"
         self.next_host += 1
         engine = Process(
@@ -94,7 +94,7 @@ class Fleet:
                     "model": MODEL,
                     "engine": {"type": "sim"},
                     "gpus": 1,
-                    "capacity": {"maxSessions": 16},
+                    "capacity": {"maxSessions": max_sessions},
                 },
             },
         )
@@ -360,3 +360,186 @@ def test_bad_requests_get_the_documented_errors(fleet: Fleet) -> None:
     answer = wait_until(unavailable, timeout=20, what="503 while no worker is Ready")
     assert answer.json()["error"]["code"] == "no_ready_worker"
     assert answer.headers["Retry-After"]
+
+
+# --- hostile clients (docs/router.md, Limits) ------------------------------------------
+
+
+def _peak_rss_mib(pid: int) -> float:
+    """The process's peak resident memory (VmHWM), in MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmHWM for pid {pid}")
+
+
+CHART_MEMORY_LIMIT_MIB = 512
+
+
+def test_compressed_and_maximum_size_bodies_keep_the_router_within_its_memory(
+    fleet: Fleet,
+) -> None:
+    import asyncio
+    import gzip
+    import io
+    import json
+
+    import aiohttp
+
+    fleet.worker("w1")
+    url, router = fleet.router("r1")
+    before = _peak_rss_mib(router.popen.pid)
+    # 57 KB on the wire that would inflate to 56 MiB, and bodies of the maximum size
+    # (8 MiB; the bulk in a field the engine ignores), 16 clients at once, 3 rounds.
+    bomb = gzip.compress(
+        json.dumps({"model": MODEL, "messages": [], "pad": "a" * (56 << 20)}).encode(), 9
+    )
+    pad = (8 << 20) - 200
+    largest = json.dumps(
+        {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 1,
+            "metadata": {"pad": "b" * pad},
+        }
+    ).encode()
+    assert len(largest) <= 8 << 20
+
+    async def client(n: int, http: aiohttp.ClientSession) -> int:
+        compressed = n % 2 == 0
+        async with http.post(
+            f"{url}/v1/chat/completions",
+            data=io.BytesIO(bomb if compressed else largest),
+            headers={"Content-Type": "application/json"}
+            | ({"Content-Encoding": "gzip"} if compressed else {}),
+        ) as answer:
+            await answer.read()
+            return answer.status
+
+    async def rounds() -> list[int]:
+        timeout = aiohttp.ClientTimeout(total=120)
+        async with aiohttp.ClientSession(timeout=timeout) as http:
+            statuses: list[int] = []
+            for _ in range(3):
+                statuses += await asyncio.gather(*(client(n, http) for n in range(16)))
+            return statuses
+
+    statuses = asyncio.run(rounds())
+    assert statuses.count(415) == 24, statuses
+    # The maximum-size bodies are served (or, beyond the in-flight cap, told to retry).
+    assert set(statuses) - {415} <= {200, 503}, statuses
+    assert statuses.count(200) >= 8
+    peak = _peak_rss_mib(router.popen.pid)
+    print(f"router peak resident memory: {before:.0f} MiB idle, {peak:.0f} MiB under load")
+    assert peak < CHART_MEMORY_LIMIT_MIB
+
+
+def test_slow_clients_are_cut_off_at_the_timeouts(fleet: Fleet) -> None:
+    import socket
+    import time
+
+    fleet.worker("w1")
+    url, _ = fleet.router("r1", "--idle-timeout=1", "--body-timeout=1")
+    port = int(url.rsplit(":", 1)[1])
+
+    def answer_after(data: bytes) -> tuple[bytes, float, float]:
+        """What came back, when its first byte came, and when the router closed."""
+        with socket.create_connection(("127.0.0.1", port), timeout=15) as connection:
+            connection.sendall(data)
+            started = time.monotonic()
+            received = b""
+            first = None
+            while chunk := connection.recv(4096):
+                first = first or time.monotonic() - started
+                received += chunk
+            closed = time.monotonic() - started
+            return received, first or closed, closed
+
+    # Headers that never end: the connection is closed at the idle timeout.
+    nothing, _, closed = answer_after(b"POST /v1/chat/completions HTTP/1.1\r\nHost: r")
+    assert nothing == b"" and 0.5 < closed < 5
+    # A body that never comes: 408 at the body timeout, and the connection closed.
+    timed_out, answered, closed = answer_after(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nContent-Length: 500\r\n\r\n{"
+    )
+    assert timed_out.startswith(b"HTTP/1.1 408") and b"body_timeout" in timed_out
+    assert 0.5 < answered < 5 and closed < 8
+
+
+def test_a_flood_of_new_session_ids_is_limited_and_established_turns_go_on(
+    fleet: Fleet,
+) -> None:
+    import asyncio
+    import statistics
+    import time
+
+    import aiohttp
+
+    fleet.worker("w1", max_sessions=1000)
+    fleet.worker("w2", max_sessions=1000)
+    url, _ = fleet.router("r1")
+    established = opening("the established session")
+    for n in range(2):
+        answer = turn(url, established, "established")
+        assert answer.status_code == 200
+        follow_up(established, answer, n)
+    body = {"model": MODEL, "messages": opening("flood"), "max_tokens": 1}
+    rate, seconds = 1000, 10
+
+    async def flood(http: aiohttp.ClientSession) -> list[int]:
+        async def one(n: int) -> int:
+            async with http.post(
+                f"{url}/v1/chat/completions", json=body, headers={"X-Session-Id": f"flood-{n}"}
+            ) as answer:
+                await answer.read()
+                return answer.status
+
+        tasks = []
+        start = time.monotonic()
+        for n in range(rate * seconds):
+            # Open loop: each request leaves at its time, whatever the answers do.
+            delay = start + n / rate - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(one(n)))
+        return list(await asyncio.gather(*tasks))
+
+    async def established_turns(http: aiohttp.ClientSession, until: float) -> list[float]:
+        latencies = []
+        while time.monotonic() < until:
+            started = time.monotonic()
+            async with http.post(
+                f"{url}/v1/chat/completions",
+                json={"model": MODEL, "messages": established, "max_tokens": 4},
+                headers={"X-Session-Id": "established"},
+            ) as answer:
+                assert answer.status == 200
+                await answer.read()
+            latencies.append(time.monotonic() - started)
+            await asyncio.sleep(0.1)
+        return latencies
+
+    async def run() -> tuple[list[int], list[float], list[float]]:
+        connector = aiohttp.TCPConnector(limit=256)
+        async with aiohttp.ClientSession(connector=connector) as http:
+            quiet = await established_turns(http, time.monotonic() + 2)
+            flooding = asyncio.create_task(flood(http))
+            during = await established_turns(http, time.monotonic() + seconds)
+            return await flooding, quiet, during
+
+    statuses, quiet, during = asyncio.run(run())
+    created = len(fleet.sessions())
+    limited = statuses.count(429)
+    print(
+        f"flood: {len(statuses)} requests, {limited} answered 429, {statuses.count(200)} "
+        f"served, {created} AgentSessions; established turn p50 "
+        f"{statistics.median(quiet) * 1000:.1f} ms quiet, "
+        f"{statistics.median(during) * 1000:.1f} ms during the flood "
+        f"(max {max(during) * 1000:.1f} ms)"
+    )
+    # 20 new sessions a second per client with a burst of 40 (the defaults): over 10 s
+    # at most 40 + 20 x 11 new sessions, plus the established one.
+    assert created <= 1 + 40 + 20 * (seconds + 1)
+    assert limited >= len(statuses) - created
+    assert set(statuses) <= {200, 429}
+    assert len(during) >= 5

@@ -71,6 +71,10 @@ class RouterSettings:
             # aiohttp's keep-alive timer also runs from the moment a connection opens
             # until its first request's headers are complete: the header timeout.
             "keepalive_timeout": self.idle_timeout,
+            # After an answer given before the body was read (413, 415, 408), aiohttp
+            # reads and drops the rest for this long, so the client sees the answer
+            # rather than a reset; not 10 s, which a slow client could hold.
+            "lingering_time": min(2.0, self.idle_timeout),
             "access_log": None,
         }
 
