@@ -99,6 +99,15 @@ BENCH_OPERATOR_ARGS ?=
 bench-operator: e2e-tools $(STAMP)
 	$(PY) bench/operator/run.py --out build/bench-operator.json $(BENCH_OPERATOR_ARGS)
 
+# The router's fuzz suite at scale (bench/README.md, "Fuzzing"): 100,000 random cases of
+# raw bytes, hostile headers and mutated bodies; make test runs 5,000 fixed ones.
+#   make bench-fuzz FUZZ_EXAMPLES=300000
+.PHONY: bench-fuzz
+FUZZ_EXAMPLES ?= 100000
+bench-fuzz: $(STAMP)
+	SESSIONFLEET_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(VENV)/bin/pytest -q -s -p no:cacheprovider \
+		tests/test_router_fuzz.py
+
 # The whole system on a real local control plane (docs/demo.md): cluster, chart, operator,
 # router, agent, simulated workers, an agentic workload with a drain and an engine kill,
 # and a report in demo-out/. The cluster stays up; `make demo-down` stops everything.

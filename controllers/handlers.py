@@ -8,7 +8,6 @@ them, and a new session is bound straight from its event for a short bind latenc
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import Any
 
@@ -28,6 +27,7 @@ from sessionfleet.controllers.sessions import reconcile_session
 from sessionfleet.policy.handshake import ROUTER_COMPONENT, ROUTER_COMPONENT_LABEL
 from sessionfleet.policy.observed import node_state, pod_state
 from sessionfleet.resources.labels import EPOCH_LABEL, KOPF_PREFIX, WORKER_LABEL
+from sessionfleet.supervise import Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -67,8 +67,18 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
     fleet.policies = kwargs["policy_index"]
     fleet.checkpoints = kwargs["checkpoint_index"]
     fleet.router_leases = kwargs["router_lease_index"]
-    memo["loop"] = asyncio.create_task(loop.run(fleet), name="fleet loop")
-    memo["scraper"] = asyncio.create_task(loop.scrape_forever(fleet), name="engine scraper")
+    supervisor: Supervisor = memo["supervisor"]
+    supervisor.start("fleet loop", loop.run(fleet))
+    supervisor.start("engine scraper", loop.scrape_forever(fleet))
+
+
+@kopf.on.probe(id="tasks")
+def tasks_alive(memo: kopf.Memo, **_: Any) -> str:
+    """Fail the liveness probe once a background task has died (the process then exits)."""
+    failure = memo["supervisor"].failure
+    if failure is not None:
+        raise RuntimeError(str(failure))
+    return "ok"
 
 
 @kopf.on.login()
@@ -88,10 +98,7 @@ def login(memo: kopf.Memo, **_: Any) -> kopf.ConnectionInfo:
 @kopf.on.cleanup()
 async def stop(memo: kopf.Memo, **_: Any) -> None:
     """Stop the loop and close the clients."""
-    for name in ("loop", "scraper"):
-        task = memo.get(name)
-        if task is not None:
-            task.cancel()
+    await memo["supervisor"].stop()
     fleet: Fleet = memo["fleet"]
     await fleet.http.aclose()
     await fleet.kube.aclose()

@@ -12,8 +12,10 @@ from typing import Any
 import httpx
 
 from sessionfleet.api import parse_duration
+from sessionfleet.checkpoint.criu import AGENT_PORT
 from sessionfleet.controllers.config import OperatorConfig
 from sessionfleet.resources.pods import EngineImages
+from sessionfleet.supervise import EXIT_TASK_FAILED, Supervisor
 
 DEFAULTS = OperatorConfig()
 
@@ -74,6 +76,12 @@ def add_parser(commands: Any) -> None:
         "--agent-token-file",
         help="the node agents' shared secret; enables the criu checkpoint driver",
     )
+    parser.add_argument(
+        "--agent-port",
+        type=int,
+        default=AGENT_PORT,
+        help=f"the node agents' port on their node's InternalIP (a hostPort; default {AGENT_PORT})",
+    )
     parser.add_argument("--metrics-port", type=int, default=DEFAULTS.metrics_port)
     parser.add_argument("--health-port", type=int, default=DEFAULTS.health_port)
     parser.add_argument("--vllm-image", default=DEFAULTS.images.vllm)
@@ -103,12 +111,17 @@ def _run(args: argparse.Namespace) -> int:
         # Per-request and per-event lines would drown what matters at fleet scale.
         logging.getLogger("httpx").setLevel(logging.WARNING)
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
-    asyncio.run(run_operator(config, args.agent_token_file))
-    return 0
+    return asyncio.run(run_operator(config, args.agent_token_file, args.agent_port))
 
 
-async def run_operator(config: OperatorConfig, agent_token_file: str | None = None) -> None:
-    """Run kopf with the sessionfleet handlers until it is stopped.
+async def run_operator(
+    config: OperatorConfig, agent_token_file: str | None = None, agent_port: int = AGENT_PORT
+) -> int:
+    """Run kopf with the sessionfleet handlers until it is stopped; return the exit status.
+
+    The fleet loop and the engine scraper run under a :class:`Supervisor`: when one of
+    them dies, the liveness probe fails and the operator stops with status 1, so that
+    Kubernetes restarts it rather than leaving a process that answers but decides nothing.
 
     The ``engine`` and ``kubelet`` checkpoint drivers are always available (the second
     needs ``nodes/proxy`` RBAC, which the chart grants only when asked); ``criu`` needs
@@ -119,7 +132,7 @@ async def run_operator(config: OperatorConfig, agent_token_file: str | None = No
 
     from sessionfleet.api import CheckpointDriver
     from sessionfleet.checkpoint import Driver
-    from sessionfleet.checkpoint.criu import CriuDriver
+    from sessionfleet.checkpoint.criu import CriuDriver, node_address_locator
     from sessionfleet.checkpoint.engine import EngineDriver
     from sessionfleet.checkpoint.kubelet import KubeletDriver
     from sessionfleet.controllers import handlers  # noqa: F401 - registers the handlers
@@ -138,13 +151,28 @@ async def run_operator(config: OperatorConfig, agent_token_file: str | None = No
     }
     if agent_token_file:
         token = Path(agent_token_file).read_text().strip()
-        drivers[CheckpointDriver.CRIU] = CriuDriver(http, kube, token=token)
+        locate = node_address_locator(kube, agent_port)
+        drivers[CheckpointDriver.CRIU] = CriuDriver(http, kube, locate=locate, token=token)
     fleet = Fleet(config=config, kube=kube, http=http, drivers=drivers)
     start_http_server(config.metrics_port)
-    await kopf.operator(
-        clusterwide=not config.namespaces,
-        namespaces=config.namespaces,
-        standalone=True,
-        liveness_endpoint=f"http://0.0.0.0:{config.health_port}/healthz",
-        memo=kopf.Memo(fleet=fleet),
-    )
+    supervisor = Supervisor(logging.getLogger("sessionfleet.operator"))
+    stop = asyncio.Event()
+    watchdog = asyncio.create_task(_stop_on_failure(supervisor, stop))
+    try:
+        await kopf.operator(
+            clusterwide=not config.namespaces,
+            namespaces=config.namespaces,
+            standalone=True,
+            liveness_endpoint=f"http://0.0.0.0:{config.health_port}/healthz",
+            memo=kopf.Memo(fleet=fleet, supervisor=supervisor),
+            stop_flag=stop,
+        )
+    finally:
+        watchdog.cancel()
+    return EXIT_TASK_FAILED if supervisor.failure is not None else 0
+
+
+async def _stop_on_failure(supervisor: Supervisor, stop: asyncio.Event) -> None:
+    failure = await supervisor.wait()
+    logging.getLogger("sessionfleet.operator").error("stopping: %s", failure)
+    stop.set()

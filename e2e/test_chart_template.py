@@ -54,13 +54,17 @@ ROUTER = {
     ("sessionfleet.dev", "inferenceworkers", "watch"),
     *(
         ("sessionfleet.dev", "agentsessions", verb)
-        for verb in ("list", "watch", "get", "create", "patch")
+        for verb in ("list", "watch", "get", "create", "patch", "delete")
     ),
     ("sessionfleet.dev", "agentsessions/status", "patch"),
     *(("coordination.k8s.io", "leases", verb) for verb in ("create", "patch", "delete")),
 }
 ALL_FEATURES: dict[str, Any] = {
-    "router": {"autoscaling": {"enabled": True}},
+    "router": {
+        "autoscaling": {"enabled": True},
+        "auth": {"existingSecret": "agent-api-keys"},
+        "sessionQuota": {"enabled": True},
+    },
     "agent": {"enabled": True},
     "serviceMonitor": {"enabled": True},
     "networkPolicy": {"enabled": True},
@@ -339,6 +343,47 @@ def test_router_role_lives_in_the_namespace_it_serves() -> None:
 # --- router -----------------------------------------------------------------------------
 
 
+def test_router_limits_authentication_and_session_quota() -> None:
+    objects = render(
+        values={
+            "router": {
+                "maxInflightBodyBytes": 100_000_000,
+                "idleTimeoutSeconds": 15,
+                "newSessions": {"perClient": 5, "burst": 50},
+                "auth": {"existingSecret": "agent-api-keys"},
+                "sessionQuota": {"enabled": True, "maxSessions": 5000},
+            }
+        }
+    )
+    router = by_kind(objects, "Deployment")["rel-sessionfleet-router"]
+    args = container(router)["args"]
+    for flag in (
+        "--max-inflight-body-bytes=100000000",
+        "--idle-timeout=15",
+        "--new-sessions-per-client=5",
+        "--new-sessions-burst=50",
+        "--api-keys-dir=/etc/sessionfleet/api-keys",
+    ):
+        assert flag in args
+    volumes = {v["name"]: v for v in router["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["api-keys"]["secret"]["secretName"] == "agent-api-keys"
+    mounts = {m["name"]: m for m in container(router)["volumeMounts"]}
+    assert mounts["api-keys"] == {
+        "name": "api-keys",
+        "mountPath": "/etc/sessionfleet/api-keys",
+        "readOnly": True,
+    }
+    quota = by_kind(objects, "ResourceQuota")["rel-sessionfleet-agentsessions"]
+    assert quota["spec"]["hard"] == {"count/agentsessions.sessionfleet.dev": "5000"}
+    # Off by default: no keys, no quota.
+    defaults = render()
+    assert "ResourceQuota" not in {o["kind"] for o in defaults}
+    default_args = container(by_kind(defaults, "Deployment")["rel-sessionfleet-router"])["args"]
+    assert not [a for a in default_args if a.startswith("--api-keys-dir")]
+    assert "--max-body-bytes=8388608" in default_args
+
+
+
 def test_router_deployment_service_and_flags() -> None:
     objects = render(
         values={
@@ -411,7 +456,15 @@ def test_agent_is_off_by_default_and_unprivileged_without_criu() -> None:
         {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
     ]
     assert pod["automountServiceAccountToken"] is False
-    assert container(agent)["args"] == ["agent"]
+    assert container(agent)["args"] == [
+        "agent",
+        "--port=9400",
+        "--storage-root=/var/lib/sessionfleet/checkpoints",
+    ]
+    # Prometheus reaches it at the pod IP; a hostPort only with criu (restricted PSS).
+    assert container(agent)["ports"] == [{"name": "http", "containerPort": 9400, "protocol": "TCP"}]
+    assert container(agent)["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    assert container(agent)["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
     assert_restricted(agent)
     account = by_kind(objects, "ServiceAccount")["rel-sessionfleet-agent"]
     assert account["automountServiceAccountToken"] is False
@@ -425,9 +478,63 @@ def test_only_the_criu_agent_is_privileged() -> None:
     agent = by_kind(objects, "DaemonSet")["rel-sessionfleet-agent"]
     assert container(agent)["securityContext"]["privileged"] is True
     assert agent["spec"]["template"]["spec"]["hostPID"] is True
+    # The operator calls the agent of a worker's node at its InternalIP.
+    assert container(agent)["ports"][0]["hostPort"] == 9400
     for workload in objects:
         if workload["kind"] in ("Deployment", "DaemonSet") and workload is not agent:
             assert_restricted(workload)
+    # Without agent.tokenSecret the endpoints stay off and the operator has no criu driver.
+    operator = by_kind(objects, "Deployment")["rel-sessionfleet-operator"]
+    assert not [a for a in container(operator)["args"] if a.startswith("--agent-")]
+    assert not [a for a in container(agent)["args"] if a.startswith("--token-file")]
+
+
+def test_the_operator_calls_the_criu_agents_with_their_token() -> None:
+    objects = render(
+        "agent.enabled=true",
+        "agent.criu=true",
+        "agent.tokenSecret=agent-token",
+        "agent.port=9401",
+        "agent.storage.path=/mnt/checkpoints",
+        "agent.storage.volume.persistentVolumeClaim.claimName=checkpoints",
+    )
+    agent = by_kind(objects, "DaemonSet")["rel-sessionfleet-agent"]
+    operator = by_kind(objects, "Deployment")["rel-sessionfleet-operator"]
+    token = "/etc/sessionfleet/agent-token/token"
+    assert container(agent)["args"] == [
+        "agent",
+        "--port=9401",
+        "--storage-root=/mnt/checkpoints",
+        f"--token-file={token}",
+    ]
+    assert container(agent)["ports"][0] == {
+        "name": "http",
+        "containerPort": 9401,
+        "hostPort": 9401,
+        "protocol": "TCP",
+    }
+    assert {f"--agent-token-file={token}", "--agent-port=9401"} <= set(container(operator)["args"])
+    for workload in (agent, operator):
+        volumes = {v["name"]: v for v in workload["spec"]["template"]["spec"]["volumes"]}
+        assert volumes["agent-token"]["secret"] == {
+            "secretName": "agent-token",
+            "items": [{"key": "token", "path": "token"}],
+        }
+        mounts = {m["name"]: m for m in container(workload)["volumeMounts"]}
+        assert mounts["agent-token"]["mountPath"] == "/etc/sessionfleet/agent-token"
+    volumes = {v["name"]: v for v in agent["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["checkpoints"] == {
+        "name": "checkpoints",
+        "persistentVolumeClaim": {"claimName": "checkpoints"},
+    }
+    mounts = {m["name"]: m["mountPath"] for m in container(agent)["volumeMounts"]}
+    assert mounts["checkpoints"] == "/mnt/checkpoints"
+    # The driver reads the worker's pod and its node, one by one.
+    role = by_kind(objects, "ClusterRole")["rel-sessionfleet-operator"]
+    assert rules(role) == OPERATOR_NAMESPACED | OPERATOR_CLUSTER | {
+        ("", "pods", "get"),
+        ("", "nodes", "get"),
+    }
 
 
 # --- optional objects -------------------------------------------------------------------

@@ -83,7 +83,7 @@ class Supervisor:
     @property
     def names(self) -> list[str]:
         """The names of the tasks still running, in start order."""
-        return [name for task, (name, _) in self._tasks.items() if not task.done()]
+        return [name for name, _ in self._tasks.values()]
 
     def start(
         self, name: str, coroutine: Coroutine[Any, Any, object], *, forever: bool = True
@@ -98,7 +98,8 @@ class Supervisor:
         return task
 
     def _done(self, task: asyncio.Task[object]) -> None:
-        name, forever = self._tasks[task]
+        # Forgotten once done, so that many one-shot tasks do not pile up.
+        name, forever = self._tasks.pop(task)
         reason = _reason(task, forever)
         if reason is None or self._stopping:
             return

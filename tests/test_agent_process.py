@@ -87,6 +87,7 @@ def agent(tmp_path: Path) -> Iterator[Running]:
             "--node-name=test-node",
             "--interval=0.2",
             f"--token-file={token_file}",
+            f"--storage-root={tmp_path}",
             # Whatever this machine has, the criu the agent looks for is absent.
             "--criu=criu-absent-on-purpose",
         ],
@@ -126,8 +127,30 @@ def test_flags_and_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
         9400,
         None,
     )
+    assert settings.storage_root == Path("/var/lib/sessionfleet/checkpoints")
     args = build_parser().parse_args(["agent", "--node-name=n1", "--port=9500", "--host=::"])
     assert (settings_from_args(args).node, settings_from_args(args).port) == ("n1", 9500)
+
+
+@pytest.mark.parametrize(
+    "flag",
+    [
+        "--port=0",
+        "--port=65536",
+        "--port=http",
+        "--interval=0",
+        "--interval=nan",
+        "--interval=inf",
+        "--interval=86401",
+        "--capability-ttl=-1",
+        "--storage-root=relative/dir",
+    ],
+)
+def test_out_of_range_flags_are_refused(flag: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args(["agent", flag])
+    assert exited.value.code == 2
+    assert flag.split("=")[0] in capsys.readouterr().err
 
 
 def test_an_empty_token_file_is_refused(tmp_path: Path) -> None:
@@ -149,6 +172,9 @@ def test_metrics_capability_and_the_nvml_absent_path(agent: Running) -> None:
     nvml = 1.0 if HAS_NVIDIA_DRIVER else 0.0
     assert f'sessionfleet_agent_nvml_available{{node="test-node"}} {nvml}' in metrics
     assert 'sessionfleet_agent_checkpoint_capable{node="test-node"} 0.0' in metrics
+
+    status, text = get(f"{agent.url}/readyz")
+    assert status == 200 and json.loads(text)["tasks"] == ["sampling", "capability"]
 
     status, text = get(f"{agent.url}/capability")
     capability = json.loads(text)
@@ -177,6 +203,9 @@ def test_checkpoints_are_refused_with_the_reasons(agent: Running, tmp_path: Path
     assert status == 503
     assert any(r.startswith("criu is not installed") for r in answer["reasons"])
     assert not (tmp_path / "c1").exists()
+    # Outside the storage root: refused before the node is even asked.
+    status, answer = post(f"{agent.url}/checkpoint", {**body, "imagesDir": "/etc/c1"}, TOKEN)
+    assert status == 400 and "storage root" in answer["error"]
 
 
 async def test_the_operator_driver_hears_the_reasons(agent: Running, tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ stand-in API server for the driver's pod lookup.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,18 +19,33 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from criu_fakes import FakeCriu, FakeCuda, FakeEngine, Killer
 
-from sessionfleet.agent.server import Agent, AgentSettings, CapabilityCache, build_app, pod_names
+from sessionfleet.agent.server import (
+    MAX_BODY_BYTES,
+    Agent,
+    AgentSettings,
+    CapabilityCache,
+    build_app,
+    parse_body,
+    pod_names,
+    serve,
+    wants_refresh,
+)
 from sessionfleet.agent.telemetry import PodName, Snapshot
 from sessionfleet.api import EngineType
+from sessionfleet.api.worker import CheckpointStorage
 from sessionfleet.checkpoint.capability import Capability
 from sessionfleet.checkpoint.criu import (
+    METADATA_FILE,
     CriuDriver,
     NodeCheckpointer,
     container_id_of,
     node_address_locator,
 )
 from sessionfleet.checkpoint.driver import CheckpointTarget, DriverError, DriverUnavailable
+from sessionfleet.checkpoint.paths import DEFAULT_STORAGE_ROOT, confine
 from sessionfleet.kube import Kube, KubeConfig
+from sessionfleet.policy.checkpoint import checkpoint_location
+from sessionfleet.supervise import EXIT_TASK_FAILED
 
 TOKEN = "s3cret"
 UID = "0b0c1c8e-3b1a-4c7e-9d1e-7f1e2d3c4b5a"
@@ -53,7 +69,10 @@ class Node:
     engine: FakeEngine
     killer: Killer
     capability: list[Capability]
+    root: Path
+    """The agent's storage root; ``root.parent / "outside"`` is a directory beside it."""
     looked_up: list[tuple[str, str]] = field(default_factory=list)
+    probes: list[int] = field(default_factory=list)
 
 
 @pytest.fixture
@@ -62,8 +81,13 @@ async def node(tmp_path: Path) -> AsyncIterator[Node]:
     criu = FakeCriu(cuda)
     capability = [CAPABLE]
     looked_up: list[tuple[str, str]] = []
+    probes: list[int] = []
+    root = tmp_path / "storage"
+    root.mkdir()
+    (tmp_path / "outside").mkdir()
 
     async def current() -> Capability:
+        probes.append(1)
         return capability[0]
 
     def find_pid(uid: str, container: str) -> int:
@@ -82,7 +106,7 @@ async def node(tmp_path: Path) -> AsyncIterator[Node]:
         gpus_of=lambda pid: [GPU],
         kill=killer,
     )
-    settings = AgentSettings(node="gpu-1", token=TOKEN, capability_ttl=0)
+    settings = AgentSettings(node="gpu-1", token=TOKEN, capability_ttl=0, storage_root=root)
     agent = Agent(settings, capability=current, checkpointer=checkpointer)
     server = TestServer(build_app(agent), host="127.0.0.1")
     await server.start_server()
@@ -94,7 +118,9 @@ async def node(tmp_path: Path) -> AsyncIterator[Node]:
         engine,
         killer,
         capability,
+        root,
         looked_up,
+        probes,
     )
     await server.close()
     await agent.http.aclose()
@@ -106,7 +132,7 @@ async def http() -> AsyncIterator[httpx.AsyncClient]:
         yield client
 
 
-def body(images: Path, **extra: Any) -> dict[str, Any]:
+def body(images: Path | str, **extra: Any) -> dict[str, Any]:
     return {
         "imagesDir": str(images),
         "endpoint": "http://10.0.0.5:8000",
@@ -120,10 +146,9 @@ def auth(token: str = TOKEN) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
 
-async def test_a_checkpoint_through_the_endpoint(
-    node: Node, http: httpx.AsyncClient, tmp_path: Path
-) -> None:
-    answer = await http.post(f"{node.url}/checkpoint", json=body(tmp_path / "c1"), headers=auth())
+async def test_a_checkpoint_through_the_endpoint(node: Node, http: httpx.AsyncClient) -> None:
+    images = node.root / "c1"
+    answer = await http.post(f"{node.url}/checkpoint", json=body(images), headers=auth())
     assert answer.status_code == 200, answer.text
     run = answer.json()
     assert (run["phase"], run["ok"], run["pid"], run["gpus"]) == ("Resumed", True, 4242, [GPU])
@@ -138,10 +163,11 @@ async def test_a_checkpoint_through_the_endpoint(
     ]
     assert node.looked_up == [(UID, f"containerd://{CID}")]
     assert node.agent.state.operations == {("checkpoint", "Resumed"): 1}
+    assert (images / METADATA_FILE).is_file()
 
     restored = await http.post(
         f"{node.url}/restore",
-        json={"imagesDir": str(tmp_path / "c1"), "endpoint": "http://10.0.0.9:8000"},
+        json={"imagesDir": str(images), "endpoint": "http://10.0.0.9:8000"},
         headers=auth(),
     )
     assert restored.status_code == 200, restored.text
@@ -149,13 +175,19 @@ async def test_a_checkpoint_through_the_endpoint(
 
 
 async def test_a_failed_checkpoint_is_a_500_with_the_record(
-    node: Node, http: httpx.AsyncClient, tmp_path: Path
+    node: Node, http: httpx.AsyncClient
 ) -> None:
     node.criu.fail["dump"] = "criu dump exited 1"
-    answer = await http.post(f"{node.url}/checkpoint", json=body(tmp_path), headers=auth())
+    answer = await http.post(f"{node.url}/checkpoint", json=body(node.root / "c1"), headers=auth())
     assert answer.status_code == 500
     assert answer.json()["phase"] == "Failed"
     assert answer.json()["error"] == "Dump failed: criu dump exited 1"
+
+
+def _untouched(node: Node) -> None:
+    """Nothing was looked up, paused, locked or dumped."""
+    assert node.looked_up == [] and node.cuda.calls == [] and node.engine.calls == []
+    assert node.criu.dumps == [] and node.criu.restores == []
 
 
 @pytest.mark.parametrize(
@@ -167,13 +199,11 @@ async def test_a_failed_checkpoint_is_a_500_with_the_record(
         (auth(), [1, 2], 400, "JSON object"),
         (auth(), {"podUID": None}, 400, "podUID and containerID"),
         (auth(), {"imagesDir": "relative"}, 400, "absolute path"),
-        (auth(), {"podUID": "other"}, 404, "no process of pod other"),
     ],
 )
 async def test_requests_are_checked(
     node: Node,
     http: httpx.AsyncClient,
-    tmp_path: Path,
     headers: dict[str, str],
     payload: Any,
     status: int,
@@ -181,11 +211,11 @@ async def test_requests_are_checked(
 ) -> None:
     if payload is None:
         content = None
-        json_body: Any = body(tmp_path)
+        json_body: Any = body(node.root / "c1")
     elif isinstance(payload, str):
         content, json_body = payload.encode(), None
     elif isinstance(payload, dict):
-        content, json_body = None, {**body(tmp_path), **payload}
+        content, json_body = None, {**body(node.root / "c1"), **payload}
     else:
         content, json_body = None, payload
     answer = await http.post(
@@ -193,14 +223,351 @@ async def test_requests_are_checked(
     )
     assert answer.status_code == status, answer.text
     assert words in answer.json()["error"]
+    _untouched(node)
+
+
+async def test_an_unknown_pod_is_a_404(node: Node, http: httpx.AsyncClient) -> None:
+    other = "1b0c1c8e-3b1a-4c7e-9d1e-7f1e2d3c4b5a"
+    answer = await http.post(
+        f"{node.url}/checkpoint", json=body(node.root / "c1", podUID=other), headers=auth()
+    )
+    assert answer.status_code == 404
+    assert answer.json()["error"] == f"no process of pod {other} on this node"
     assert node.cuda.calls == [] and node.engine.calls == []
 
 
+# --- the token ------------------------------------------------------------------------
+
+TOKEN_ENDPOINTS = [
+    ("POST", "/checkpoint"),
+    ("POST", "/restore"),
+    ("GET", "/capability?refresh=1"),
+]
+"""Every request that needs the token: it acts on processes or probes the node."""
+
+
+async def _call(
+    http: httpx.AsyncClient,
+    url: str,
+    endpoint: tuple[str, str],
+    images: Path,
+    **headers: str | bytes,
+) -> httpx.Response:
+    method, path = endpoint
+    payload = body(images) if method == "POST" else None
+    return await http.request(method, f"{url}{path}", json=payload, headers=headers)
+
+
+def test_every_mutating_route_is_one_that_needs_the_token(node: Node) -> None:
+    mutating = {
+        (route.method, route.resource.canonical)
+        for route in build_app(node.agent).router.routes()
+        if route.method not in ("GET", "HEAD") and route.resource is not None
+    }
+    assert mutating == {(m, p) for m, p in TOKEN_ENDPOINTS if m != "GET"}
+
+
+@pytest.mark.parametrize("endpoint", TOKEN_ENDPOINTS, ids=lambda e: f"{e[0]} {e[1]}")
+@pytest.mark.parametrize(
+    "authorization",
+    [
+        None,
+        "",
+        "Bearer",
+        "Bearer wrong",
+        f"Bearer {TOKEN}x",
+        f"Bearer {TOKEN[:-1]}",
+        TOKEN,  # without the scheme
+        f"Basic {TOKEN}",
+        f"Token {TOKEN}",
+        "Bearer s3cr\u00e9t".encode(),  # not ASCII: bytes, as a client may send them
+        b"Bearer \xff\xfe",  # not even UTF-8
+    ],
+    ids=lambda a: repr(a),
+)
+async def test_every_endpoint_that_needs_the_token_refuses_without_it(
+    node: Node,
+    http: httpx.AsyncClient,
+    endpoint: tuple[str, str],
+    authorization: str | bytes | None,
+) -> None:
+    headers = {} if authorization is None else {"Authorization": authorization}
+    probes = len(node.probes)
+    answer = await _call(http, node.url, endpoint, node.root / "c1", **headers)
+    assert answer.status_code == 401, answer.text
+    assert answer.headers["WWW-Authenticate"] == "Bearer"
+    assert answer.json() == {"error": "a valid bearer token is required"}
+    assert len(node.probes) == probes, "a refused request must not probe the node"
+    _untouched(node)
+
+
+@pytest.mark.parametrize("endpoint", TOKEN_ENDPOINTS, ids=lambda e: f"{e[0]} {e[1]}")
+async def test_the_token_opens_every_endpoint_that_needs_it(
+    node: Node, http: httpx.AsyncClient, endpoint: tuple[str, str]
+) -> None:
+    images = node.root / "c1"
+    await http.post(f"{node.url}/checkpoint", json=body(images), headers=auth())
+    answer = await _call(http, node.url, endpoint, images, Authorization=f"bearer {TOKEN}")
+    assert answer.status_code == 200, answer.text
+
+
+@pytest.mark.parametrize(
+    "path", ["/healthz", "/readyz", "/metrics", "/capability", "/capability?refresh=0"]
+)
+async def test_reading_endpoints_are_open(node: Node, http: httpx.AsyncClient, path: str) -> None:
+    answer = await http.get(f"{node.url}{path}")
+    assert answer.status_code == 200, answer.text
+
+
+async def test_only_a_token_holder_makes_the_agent_probe_again(
+    node: Node, http: httpx.AsyncClient
+) -> None:
+    node.agent.capabilities.ttl = 300
+    await http.get(f"{node.url}/capability")
+    probes = len(node.probes)
+    await http.get(f"{node.url}/capability")
+    assert len(node.probes) == probes, "a plain GET answers from the cache"
+    assert (await http.get(f"{node.url}/capability?refresh")).status_code == 401
+    assert (await http.get(f"{node.url}/capability?refresh=1", headers=auth())).is_success
+    assert len(node.probes) == probes + 1
+
+
+@pytest.mark.parametrize(
+    ("query", "refresh"),
+    [({}, False), ({"refresh": "1"}, True), ({"refresh": ""}, True), ({"refresh": "0"}, False)],
+)
+def test_what_asks_for_a_refresh(query: dict[str, str], refresh: bool) -> None:
+    assert wants_refresh(query) is refresh
+
+
+@pytest.mark.parametrize("endpoint", TOKEN_ENDPOINTS, ids=lambda e: f"{e[0]} {e[1]}")
+async def test_without_a_token_file_the_endpoints_are_disabled(
+    http: httpx.AsyncClient, tmp_path: Path, endpoint: tuple[str, str]
+) -> None:
+    async def current() -> Capability:
+        return CAPABLE
+
+    agent = Agent(AgentSettings(node="n", storage_root=tmp_path), capability=current)
+    server = TestServer(build_app(agent), host="127.0.0.1")
+    await server.start_server()
+    try:
+        url = str(server.make_url("")).rstrip("/")
+        answer = await _call(http, url, endpoint, tmp_path / "c1", **auth())
+        assert answer.status_code == 503
+        assert "--token-file" in answer.json()["error"]
+    finally:
+        await server.close()
+        await agent.http.aclose()
+
+
+# --- paths: confined to the storage root ------------------------------------------------
+
+TRAVERSALS = [
+    ("{root}/../outside/c1", "'..'"),
+    ("{root}/c1/../../outside", "'..'"),
+    ("{root}/./c1", "'.'"),
+    ("{outside}/c1", "not inside the agent's storage root"),
+    ("/etc/cron.d", "not inside the agent's storage root"),
+    ("/", "not inside the agent's storage root"),
+    ("{root}", "not inside the agent's storage root"),  # the root itself: images inside it
+    ("{root}-evil/c1", "not inside the agent's storage root"),  # a prefix, not a parent
+    ("{root}/escape/c1", "resolves to"),  # escape -> outside: a symlink out of the root
+    ("{root}/escape", "resolves to"),
+    ("{root}/%2e%2e/%2e%2e/etc", "printable ASCII"),
+    ("{root}/..%2f..%2fetc", "printable ASCII"),
+    ("{root}/..\\..\\etc", "printable ASCII"),
+    ("{root}/\uff0e\uff0e/etc", "printable ASCII"),  # fullwidth dots
+    ("{root}/c1\u0000/../../etc", "printable ASCII"),
+    ("{root}/c1\n", "printable ASCII"),
+    ("relative/c1", "absolute path"),
+    ("", "absolute path"),
+    ("{root}/" + "a" * 5000, "longer than 4096"),
+]
+
+
+@pytest.mark.parametrize("operation", ["/checkpoint", "/restore"])
+@pytest.mark.parametrize(("template", "words"), TRAVERSALS, ids=[t for t, _ in TRAVERSALS])
+async def test_paths_out_of_the_storage_root_are_refused(
+    node: Node, http: httpx.AsyncClient, operation: str, template: str, words: str
+) -> None:
+    outside = node.root.parent / "outside"
+    (node.root / "escape").symlink_to(outside)
+    images = template.format(root=node.root, outside=outside)
+    answer = await http.post(f"{node.url}{operation}", json=body(images), headers=auth())
+    assert answer.status_code == 400, answer.text
+    assert words in answer.json()["error"]
+    _untouched(node)
+    assert list(outside.iterdir()) == []
+
+
+@pytest.mark.parametrize("images", [7, None, ["/a"], {"path": "/a"}])
+async def test_an_images_dir_that_is_not_a_string_is_refused(
+    node: Node, http: httpx.AsyncClient, images: Any
+) -> None:
+    payload = {**body(node.root), "imagesDir": images}
+    answer = await http.post(f"{node.url}/checkpoint", json=payload, headers=auth())
+    assert answer.status_code == 400 and "absolute path" in answer.json()["error"]
+
+
+async def test_a_symlink_inside_the_root_is_followed_and_the_real_path_used(
+    node: Node, http: httpx.AsyncClient
+) -> None:
+    (node.root / "real").mkdir()
+    (node.root / "alias").symlink_to(node.root / "real")
+    answer = await http.post(
+        f"{node.url}/checkpoint", json=body(node.root / "alias" / "c1"), headers=auth()
+    )
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["imagesDir"] == str(node.root / "real" / "c1")
+    assert node.criu.dumps == [(4242, node.root / "real" / "c1", True)]
+
+
+async def test_a_root_behind_a_symlink_is_resolved_too(
+    tmp_path: Path, http: httpx.AsyncClient
+) -> None:
+    real = tmp_path / "real-root"
+    real.mkdir()
+    (tmp_path / "root-link").symlink_to(real)
+    with pytest.raises(ValueError, match="not inside"):
+        confine(str(tmp_path / "elsewhere"), tmp_path / "root-link")
+    assert confine(str(tmp_path / "root-link" / "c1"), tmp_path / "root-link") == real / "c1"
+
+
+async def test_planted_metadata_links_are_neither_read_nor_written_through(
+    node: Node, http: httpx.AsyncClient
+) -> None:
+    secret = node.root.parent / "outside" / "secret.json"
+    secret.write_text('{"gpus": ["GPU-00000000-0000-0000-0000-000000000000"]}')
+    images = node.root / "planted"
+    images.mkdir()
+    (images / METADATA_FILE).symlink_to(secret)
+    restored = await http.post(
+        f"{node.url}/restore",
+        json={"imagesDir": str(images), "endpoint": "http://10.0.0.9:8000"},
+        headers=auth(),
+    )
+    assert restored.status_code == 400 and "unreadable" in restored.json()["error"]
+    assert node.criu.restores == []
+
+    answer = await http.post(f"{node.url}/checkpoint", json=body(images), headers=auth())
+    assert answer.status_code == 200, answer.text
+    assert not (images / METADATA_FILE).is_symlink(), "the link is replaced, not followed"
+    assert json.loads((images / METADATA_FILE).read_text())["gpus"] == [GPU]
+    assert secret.read_text().startswith('{"gpus": ["GPU-0000')
+
+
+# --- numbers, types and bodies ----------------------------------------------------------
+
+BAD_CHECKPOINTS = [
+    ({"lockTimeoutSeconds": 0}, "lockTimeoutSeconds"),
+    ({"lockTimeoutSeconds": 0.0001}, "lockTimeoutSeconds"),
+    ({"lockTimeoutSeconds": -1}, "lockTimeoutSeconds"),
+    ({"lockTimeoutSeconds": 601}, "lockTimeoutSeconds"),
+    ({"lockTimeoutSeconds": 10**30}, "lockTimeoutSeconds"),
+    ({"lockTimeoutSeconds": True}, "lockTimeoutSeconds"),
+    ({"lockTimeoutSeconds": "30"}, "lockTimeoutSeconds"),
+    ({"lockTimeoutSeconds": None}, "lockTimeoutSeconds"),
+    ({"leaveRunning": "no"}, "leaveRunning"),
+    ({"leaveRunning": 0}, "leaveRunning"),
+    ({"podUID": "../../etc"}, "podUID is not"),
+    ({"podUID": 42}, "podUID and containerID"),
+    ({"containerID": "containerd://abc"}, "containerID is not"),
+    ({"containerID": "a" * 10_000}, "containerID is not"),
+    ({"endpoint": "file:///etc/passwd"}, "endpoint"),
+    ({"endpoint": "http://10.0.0.5:99999"}, "endpoint"),
+    ({"endpoint": "http://"}, "endpoint"),
+    ({"endpoint": "http://x/" + "a" * 3000}, "endpoint"),
+    ({"endpoint": ["http://x"]}, "endpoint"),
+]
+
+
+@pytest.mark.parametrize(("change", "words"), BAD_CHECKPOINTS, ids=lambda v: repr(v)[:40])
+async def test_checkpoint_fields_are_bounded_and_typed(
+    node: Node, http: httpx.AsyncClient, change: dict[str, Any], words: str
+) -> None:
+    payload = {**body(node.root / "c1"), **change}
+    answer = await http.post(f"{node.url}/checkpoint", json=payload, headers=auth())
+    assert answer.status_code == 400, answer.text
+    assert words in answer.json()["error"]
+    _untouched(node)
+
+
+BAD_RESTORES = [
+    ({"gpus": "GPU-1"}, "gpus must be a list"),
+    ({"gpus": [1]}, "gpus must be a list"),
+    ({"gpus": [GPU] * 65}, "at most 64"),
+    ({"gpus": ["GPU-C"]}, "not a GPU UUID"),
+    ({"gpus": ["MIG-5ab8c1d2-0b6f-2a3e-9f11-0123456789ab"]}, "MIG"),
+]
+
+
+@pytest.mark.parametrize(("change", "words"), BAD_RESTORES, ids=lambda v: repr(v)[:40])
+async def test_restore_fields_are_bounded_and_typed(
+    node: Node, http: httpx.AsyncClient, change: dict[str, Any], words: str
+) -> None:
+    payload = {"imagesDir": str(node.root / "c1"), "endpoint": "http://10.0.0.9:8000", **change}
+    answer = await http.post(f"{node.url}/restore", json=payload, headers=auth())
+    assert answer.status_code == 400, answer.text
+    assert words in answer.json()["error"]
+    _untouched(node)
+
+
+RAW_BODIES = [
+    (b"", "JSON object"),
+    (b"not json", "JSON object"),
+    (b"[1, 2]", "JSON object"),
+    (b'"a string"', "JSON object"),
+    (b"42", "JSON object"),
+    (b"null", "JSON object"),
+    (b'{"imagesDir": ', "JSON object"),
+    (b"\xff\xfe{}", "JSON object"),  # not UTF-8
+    (b'{"lockTimeoutSeconds": NaN}', "NaN is not a JSON number"),
+    (b'{"lockTimeoutSeconds": Infinity}', "Infinity is not a JSON number"),
+    (b"[" * 100_000, "larger than"),
+    (b"[" * 50_000 + b"]" * 50_000, "larger than"),
+    (b"[" * 30_000 + b"]" * 30_000, "nested too deeply"),
+    (b'{"lockTimeoutSeconds": ' + b"9" * 5000 + b"}", "JSON object"),
+]
+
+
+@pytest.mark.parametrize(("raw", "words"), RAW_BODIES, ids=lambda v: repr(v)[:30])
+async def test_malformed_bodies_are_refused(
+    node: Node, http: httpx.AsyncClient, raw: bytes, words: str
+) -> None:
+    answer = await http.post(
+        f"{node.url}/checkpoint",
+        content=raw,
+        headers={**auth(), "Content-Type": "application/json"},
+    )
+    assert answer.status_code == (413 if words == "larger than" else 400), answer.text
+    assert words in answer.json()["error"]
+    _untouched(node)
+
+
+async def test_an_out_of_range_number_in_raw_json_is_refused(
+    node: Node, http: httpx.AsyncClient
+) -> None:
+    text = json.dumps(body(node.root / "c1"))[:-1] + ', "lockTimeoutSeconds": 1e400}'
+    answer = await http.post(f"{node.url}/checkpoint", content=text.encode(), headers=auth())
+    assert answer.status_code == 400 and "lockTimeoutSeconds" in answer.json()["error"]
+
+
+def test_parse_body() -> None:
+    assert parse_body(b'{"a": 1}') == {"a": 1}
+    for raw in (b"[]", b"NaN", b"{", b"[" * 100_000):
+        with pytest.raises(ValueError):
+            parse_body(raw)
+    assert MAX_BODY_BYTES == 64 * 1024
+
+
+# --- capability and supervision ---------------------------------------------------------
+
+
 async def test_a_node_that_cannot_checkpoint_answers_503_with_reasons(
-    node: Node, http: httpx.AsyncClient, tmp_path: Path
+    node: Node, http: httpx.AsyncClient
 ) -> None:
     node.capability[0] = INCAPABLE
-    answer = await http.post(f"{node.url}/checkpoint", json=body(tmp_path), headers=auth())
+    answer = await http.post(f"{node.url}/checkpoint", json=body(node.root / "c1"), headers=auth())
     assert answer.status_code == 503
     assert answer.json()["reasons"] == list(INCAPABLE.reasons)
     capability = (await http.get(f"{node.url}/capability")).json()
@@ -208,22 +575,77 @@ async def test_a_node_that_cannot_checkpoint_answers_503_with_reasons(
     assert capability["reasons"] == list(INCAPABLE.reasons)
 
 
-async def test_without_a_token_the_endpoints_are_disabled(
-    http: httpx.AsyncClient, tmp_path: Path
-) -> None:
-    async def current() -> Capability:
-        return CAPABLE
+async def _broken_probe() -> Capability:
+    raise RuntimeError("libcuda exploded")
 
-    agent = Agent(AgentSettings(node="n"), capability=current)
+
+def _failing_agent(port: int = 0) -> Agent:
+    settings = AgentSettings(
+        node="n", host="127.0.0.1", port=port, interval=0.05, capability_ttl=0.05
+    )
+    return Agent(settings, sampler=lambda: Snapshot(False, "no NVML"), capability=_broken_probe)
+
+
+async def test_readyz_names_a_background_loop_that_died(http: httpx.AsyncClient) -> None:
+    agent = _failing_agent()
     server = TestServer(build_app(agent), host="127.0.0.1")
     await server.start_server()
     try:
-        answer = await http.post(str(server.make_url("/checkpoint")), json=body(tmp_path))
-        assert answer.status_code == 503
-        assert "--token-file" in answer.json()["error"]
+        async with agent.running() as supervisor:
+            await asyncio.wait_for(supervisor.failed.wait(), 10)
+            answer = await http.get(str(server.make_url("/readyz")))
+            assert answer.status_code == 503
+            assert answer.json()["task"] == "capability"
+            assert "libcuda exploded" in answer.json()["error"]
+            assert (await http.get(str(server.make_url("/healthz")))).status_code == 200
     finally:
         await server.close()
+
+
+async def test_readyz_lists_the_running_loops(node: Node, http: httpx.AsyncClient) -> None:
+    async with node.agent.running():
+        answer = await http.get(f"{node.url}/readyz")
+    assert answer.status_code == 200
+    assert answer.json() == {"ready": True, "tasks": ["sampling", "capability"]}
+
+
+async def test_serve_exits_non_zero_when_a_loop_dies(caplog: pytest.LogCaptureFixture) -> None:
+    stop = asyncio.Event()
+    code = await asyncio.wait_for(serve(_failing_agent(), stop), 10)
+    assert code == EXIT_TASK_FAILED != 0
+    assert "background task capability died: RuntimeError: libcuda exploded" in caplog.text
+    assert not stop.is_set()
+
+
+async def test_serve_exits_zero_when_stopped() -> None:
+    async def fine() -> Capability:
+        return CAPABLE
+
+    stop = asyncio.Event()
+    settings = AgentSettings(node="n", host="127.0.0.1", port=0, interval=0.05)
+    agent = Agent(settings, sampler=lambda: Snapshot(False, "no NVML"), capability=fine)
+    serving = asyncio.create_task(serve(agent, stop))
+    await asyncio.sleep(0.2)
+    assert agent.supervisor.healthy and agent.supervisor.names == ["sampling", "capability"]
+    stop.set()
+    assert await asyncio.wait_for(serving, 10) == 0
+
+
+def test_the_command_exits_with_the_serve_loops_status(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from sessionfleet.agent import server
+    from sessionfleet.agent.cli import run
+    from sessionfleet.cli import build_parser
+
+    async def died(agent: Agent, stop: asyncio.Event | None = None) -> int:
         await agent.http.aclose()
+        return EXIT_TASK_FAILED
+
+    monkeypatch.setattr(server, "serve", died)
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    args = build_parser().parse_args(["agent", "--node-name=n", f"--storage-root={tmp_path}"])
+    assert run(args) == EXIT_TASK_FAILED
 
 
 async def test_the_capability_cache_probes_once_per_ttl() -> None:
@@ -333,37 +755,52 @@ def driver(http: httpx.AsyncClient, kube: Kube, url: str, token: str = TOKEN) ->
 
 
 async def test_the_driver_checkpoints_and_restores_through_the_agent(
-    node: Node, http: httpx.AsyncClient, kube: Kube, tmp_path: Path
+    node: Node, http: httpx.AsyncClient, kube: Kube
 ) -> None:
     criu = driver(http, kube, node.url)
-    outcome = await criu.save(target(tmp_path))
-    assert outcome.location == str(tmp_path / "c1") and outcome.size_bytes == 4196
+    outcome = await criu.save(target(node.root))
+    assert outcome.location == str(node.root / "c1") and outcome.size_bytes == 4196
     assert node.looked_up == [(UID, f"containerd://{CID}")]
-    loaded = await criu.load(target(tmp_path))
-    assert loaded.location == str(tmp_path / "c1")
-    assert criu.restore_args(EngineType.VLLM, str(tmp_path)) == []
+    loaded = await criu.load(target(node.root))
+    assert loaded.location == str(node.root / "c1")
+    assert criu.restore_args(EngineType.VLLM, str(node.root)) == []
+
+
+async def test_the_operators_default_locations_are_inside_the_agents_default_root() -> None:
+    location = checkpoint_location(
+        CheckpointStorage().path, "agents", "w", "w-manual-1", destination=None
+    )
+    assert confine(location, DEFAULT_STORAGE_ROOT) == DEFAULT_STORAGE_ROOT / "agents/w/w-manual-1"
+
+
+async def test_the_driver_reports_a_location_outside_the_agents_root(
+    node: Node, http: httpx.AsyncClient, kube: Kube, tmp_path: Path
+) -> None:
+    with pytest.raises(DriverError, match=r"failed \(400\): imagesDir .* storage root"):
+        await driver(http, kube, node.url).save(target(tmp_path / "outside"))
+    assert node.cuda.calls == []
 
 
 async def test_the_driver_maps_the_agents_answers(
-    node: Node, http: httpx.AsyncClient, kube: Kube, tmp_path: Path
+    node: Node, http: httpx.AsyncClient, kube: Kube
 ) -> None:
     node.capability[0] = INCAPABLE
     with pytest.raises(DriverUnavailable, match="node gpu-1: .*criu is not installed"):
-        await driver(http, kube, node.url).save(target(tmp_path))
+        await driver(http, kube, node.url).save(target(node.root))
     node.capability[0] = CAPABLE
     with pytest.raises(DriverError, match="401"):
-        await driver(http, kube, node.url, token="wrong").save(target(tmp_path))
+        await driver(http, kube, node.url, token="wrong").save(target(node.root))
     node.criu.fail["dump"] = "disk full"
     node.cuda.fail["restore"] = "CUDA_ERROR_OUT_OF_MEMORY"
     with pytest.raises(DriverError, match=r"\(Fatal\).*killed: recover with a cold start"):
-        await driver(http, kube, node.url).save(target(tmp_path))
+        await driver(http, kube, node.url).save(target(node.root))
     assert node.killer.killed == [4242]
     with pytest.raises(DriverUnavailable, match="engine driver"):
-        await driver(http, kube, node.url).save(target(tmp_path, sessions=("s1",)))
+        await driver(http, kube, node.url).save(target(node.root, sessions=("s1",)))
     with pytest.raises(DriverError, match="cannot read pod agents/w-2"):
-        await driver(http, kube, node.url).save(target(tmp_path, pod="w-2"))
+        await driver(http, kube, node.url).save(target(node.root, pod="w-2"))
     with pytest.raises(DriverError, match="unreachable"):
-        await driver(http, kube, "http://127.0.0.1:9").save(target(tmp_path))
+        await driver(http, kube, "http://127.0.0.1:9").save(target(node.root))
 
 
 async def test_agents_are_located_at_their_nodes_internal_ip(kube: Kube) -> None:

@@ -17,6 +17,7 @@ from sessionfleet.checkpoint.engine import EngineDriver
 from sessionfleet.engines import FORWARDED_SESSION_HEADER
 from sessionfleet.engines.sim.engine import EngineConfig
 from sessionfleet.engines.sim.server import build_app
+from sessionfleet.resources.names import session_object_name
 
 MODEL = "m"
 PROMPT = [
@@ -85,18 +86,22 @@ async def test_a_whole_worker_checkpoint_restores_into_a_fresh_engine(
     assert again["usage"]["prompt_tokens_details"]["cached_tokens"] >= prompt_tokens - 16
 
 
+@pytest.mark.parametrize("session", ["s1", "../escape", "/etc/x"])
 async def test_a_per_session_checkpoint_moves_only_that_session(
-    start: Start, tmp_path: Path
+    start: Start, tmp_path: Path, session: str
 ) -> None:
     source, destination = await start(), await start()
-    await turn(source, "s1")
+    await turn(source, session)
+    location = tmp_path / "ckpt"
     async with httpx.AsyncClient() as http:
         driver = EngineDriver(http)
-        saved = await driver.save(target(source, tmp_path, ("s1",)))
-        assert set(saved.sessions) == {"s1"}
-        assert (tmp_path / "s1").is_dir()
-        await driver.load(target(destination, tmp_path, ("s1",)))
-    moved = await turn(destination, "s1")
+        saved = await driver.save(target(source, location, (session,)))
+        assert set(saved.sessions) == {session}
+        # The session's directory is named like its AgentSession, never by the raw id.
+        assert list(tmp_path.iterdir()) == [location]
+        assert list(location.iterdir()) == [location / session_object_name(session)]
+        await driver.load(target(destination, location, (session,)))
+    moved = await turn(destination, session)
     assert moved["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
 
 

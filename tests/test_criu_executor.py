@@ -327,12 +327,14 @@ GOOD = {
     ("change", "message"),
     [
         ({"imagesDir": "relative/dir"}, "absolute"),
-        ({"imagesDir": "/checkpoints/../etc"}, "without '..'"),
+        ({"imagesDir": "/checkpoints/../etc"}, "without '.' or '..'"),
         ({"endpoint": "10.0.0.5:8000"}, "http://"),
         ({"podUID": ""}, "podUID and containerID"),
         ({"containerID": None}, "podUID and containerID"),
-        ({"lockTimeoutSeconds": -1}, "non-negative"),
-        ({"lockTimeoutSeconds": True}, "non-negative"),
+        ({"lockTimeoutSeconds": -1}, "from 0.001 to 600"),
+        ({"lockTimeoutSeconds": 0}, "from 0.001 to 600"),
+        ({"lockTimeoutSeconds": float("nan")}, "from 0.001 to 600"),
+        ({"lockTimeoutSeconds": True}, "from 0.001 to 600"),
         ({"leaveRunning": "no"}, "true or false"),
     ],
 )

@@ -12,6 +12,9 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sessionfleet.checkpoint.criu import AGENT_PORT
+from sessionfleet.checkpoint.paths import DEFAULT_STORAGE_ROOT
+
 if TYPE_CHECKING:
     from sessionfleet.agent.server import AgentSettings
     from sessionfleet.kube import Kube
@@ -22,15 +25,40 @@ per process, each process mapped to its pod through its cgroup, as Prometheus me
 on /metrics; where NVML is absent it says so once and keeps serving. Hosts the criu
 checkpoint driver's endpoint: GET /capability says whether this node can checkpoint
 GPU processes (NVIDIA driver >= 570, CRIU >= 4.0, root) and why not; POST /checkpoint
-and POST /restore, which need the --token-file secret. See docs/checkpoints.md.
+and POST /restore, which need the --token-file secret and write and read images only
+under --storage-root. /readyz fails, and the agent exits 1, when a background loop
+dies. See docs/checkpoints.md.
 """
 
 
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive, not {value}")
+MAX_SECONDS = 86_400.0
+"""The longest interval or cache time a flag takes: a day."""
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < value <= MAX_SECONDS:  # NaN fails both comparisons
+        raise argparse.ArgumentTypeError(f"must be above 0 and at most {MAX_SECONDS:g}, not {text}")
     return value
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be from 1 to 65535, not {value}")
+    return value
+
+
+def _absolute_path(text: str) -> Path:
+    if not text.startswith("/"):
+        raise argparse.ArgumentTypeError(f"must be an absolute path, not {text!r}")
+    return Path(text)
 
 
 def add_parser(commands: Any) -> argparse.ArgumentParser:
@@ -42,7 +70,13 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--host", default="0.0.0.0", help="address to bind (default: 0.0.0.0)")
-    parser.add_argument("--port", type=int, default=9400, help="port to bind (default: 9400)")
+    parser.add_argument(
+        "--port",
+        type=_port,
+        default=AGENT_PORT,
+        help=f"port to bind; the operator reaches the agent on its node's InternalIP at this "
+        f"port, a hostPort in the chart (default: {AGENT_PORT})",
+    )
     parser.add_argument(
         "--node-name",
         default=None,
@@ -50,7 +84,7 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--interval",
-        type=_positive_float,
+        type=_seconds,
         default=10.0,
         help="seconds between GPU samples (default: 10)",
     )
@@ -58,8 +92,17 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
         "--token-file",
         type=Path,
         default=None,
-        help="file holding the bearer token that POST /checkpoint and /restore require; "
-        "without it those endpoints are disabled",
+        help="file holding the bearer token that POST /checkpoint, /restore and "
+        "GET /capability?refresh=1 require; without it those endpoints are disabled",
+    )
+    parser.add_argument(
+        "--storage-root",
+        type=_absolute_path,
+        default=DEFAULT_STORAGE_ROOT,
+        help="the only directory tree checkpoint images are written to and restored from: "
+        "a request's imagesDir must resolve (symlinks followed) inside it; mount the "
+        f"workers' checkpoint storage here (default: {DEFAULT_STORAGE_ROOT}, a worker's "
+        "default checkpoint.storage.path)",
     )
     parser.add_argument(
         "--kubeconfig",
@@ -73,7 +116,7 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--capability-ttl",
-        type=_positive_float,
+        type=_seconds,
         default=300.0,
         help="seconds a capability probe is reused (default: 300)",
     )
@@ -98,6 +141,7 @@ def settings_from_args(args: argparse.Namespace) -> AgentSettings:
         token=token,
         proc=args.proc,
         criu=args.criu,
+        storage_root=args.storage_root,
     )
 
 
@@ -132,16 +176,16 @@ def run(args: argparse.Namespace) -> int:
         print(f"agent: cannot read the token file: {error}", file=sys.stderr)
         return 2
 
-    async def main() -> None:
+    async def main() -> int:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
-        await serve(Agent(settings, kube=_kube(args.kubeconfig)), stop)
+        return await serve(Agent(settings, kube=_kube(args.kubeconfig)), stop)
 
     try:
-        asyncio.run(main())
+        # Non-zero when a background loop died: Kubernetes then restarts the agent.
+        return asyncio.run(main())
     except OSError as error:
         print(f"agent: cannot serve on {args.host}:{args.port}: {error}", file=sys.stderr)
         return 1
-    return 0

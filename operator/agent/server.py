@@ -2,19 +2,28 @@
 
 - ``GET /metrics``: GPU telemetry (:mod:`.telemetry`) in Prometheus text format;
 - ``GET /capability``: whether this node can checkpoint GPU processes, and every reason
-  it cannot (``?refresh=1`` probes again instead of answering from the cache);
+  it cannot, from a cache; ``?refresh=1`` probes again (``criu check`` and more), which
+  needs the token;
 - ``POST /checkpoint`` and ``POST /restore``: run the ``criu`` driver's state machine
   on a pod's engine process (:class:`sessionfleet.checkpoint.criu.NodeCheckpointer`).
-  They need ``Authorization: Bearer <token>`` with the agent's ``--token-file``: they
-  pause, lock and, after a fatal failure, kill other pods' processes. Without a token
-  file they are disabled;
-- ``GET /healthz``.
+  They need the token: they pause, lock and, after a fatal failure, kill other pods'
+  processes. The images directory of a request must resolve (symlinks followed) to a
+  path strictly inside the agent's storage root
+  (:func:`sessionfleet.checkpoint.paths.confine`);
+- ``GET /healthz``: the process answers; ``GET /readyz``: and every background loop
+  (sampling, capability, pod names) still runs: a loop that died makes it 503, naming
+  the loop, and the process exits non-zero (:mod:`sessionfleet.supervise`).
+
+The token is ``Authorization: Bearer <token>`` with the agent's ``--token-file``,
+compared in constant time; without a token file the endpoints that need it answer 503.
 
 Answers to the POST endpoints: 200 with the run's record when it succeeded; 500 with
 the record when it failed (``phase`` ``Failed``: undone, the engine serves as before;
 ``Fatal``: the process was killed); 503 with ``reasons`` when the node cannot
-checkpoint; 400 for a malformed request; 401 without the token; 404 when the pod's
-process or the checkpoint is not on this node; 409 while the same process is busy.
+checkpoint; 400 for a malformed request (not a JSON object, a wrong type, a number out
+of bounds, a path outside the storage root); 401 without the token; 404 when the pod's
+process or the checkpoint is not on this node; 409 while the same process is busy; 413
+for a body over :data:`MAX_BODY_BYTES`.
 """
 
 from __future__ import annotations
@@ -22,12 +31,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import json
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 from aiohttp import web
@@ -55,7 +65,9 @@ from sessionfleet.checkpoint.criu import (
 )
 from sessionfleet.checkpoint.cuda import LIBCUDA, CudaCheckpointApi
 from sessionfleet.checkpoint.driver import DriverUnavailable
+from sessionfleet.checkpoint.paths import DEFAULT_STORAGE_ROOT, confine
 from sessionfleet.kube import PODS, Kube, KubeError
+from sessionfleet.supervise import EXIT_TASK_FAILED, Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +85,8 @@ class AgentSettings:
     """Seconds a capability probe is reused (``criu check`` takes a while)."""
     token: str | None = None
     """The shared secret the checkpoint endpoints require; ``None`` disables them."""
+    storage_root: Path = DEFAULT_STORAGE_ROOT
+    """The only directory tree checkpoint images are written to and restored from."""
     proc: Path = Path("/proc")
     criu: str = "criu"
     libcuda: str = LIBCUDA
@@ -141,6 +155,7 @@ class Agent:
         )
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(AgentCollector(self.state))
+        self.supervisor = Supervisor(log)
 
     def _make_cuda(self) -> CudaControl:
         return CudaCheckpointApi(self.settings.libcuda)
@@ -197,18 +212,16 @@ class Agent:
             await asyncio.sleep(self.settings.pod_refresh)
 
     @contextlib.asynccontextmanager
-    async def running(self) -> AsyncIterator[None]:
-        """Run the background loops for the duration of the block."""
-        loops = [self._sampling(), self._capability()]
-        if self.kube is not None:
-            loops.append(self._pod_names())
-        tasks = [asyncio.create_task(loop) for loop in loops]
+    async def running(self) -> AsyncIterator[Supervisor]:
+        """Run the background loops, supervised, for the duration of the block."""
         try:
-            yield
+            async with self.supervisor:
+                self.supervisor.start("sampling", self._sampling())
+                self.supervisor.start("capability", self._capability())
+                if self.kube is not None:
+                    self.supervisor.start("pod-names", self._pod_names())
+                yield self.supervisor
         finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
             await self.http.aclose()
             if self.kube is not None:
                 await self.kube.aclose()
@@ -230,14 +243,48 @@ def pod_names(items: list[dict[str, Any]]) -> dict[str, PodName]:
 
 
 AGENT_KEY = web.AppKey("agent", Agent)
+MAX_BODY_BYTES = 64 << 10
+"""The largest request body read: a checkpoint or restore request is a few hundred bytes."""
+
+_Request = TypeVar("_Request", CheckpointRequest, RestoreRequest)
 
 
 def _agent(request: web.Request) -> Agent:
     return request.app[AGENT_KEY]
 
 
+def _error(status: int, message: str, **extra: Any) -> web.Response:
+    return web.json_response({"error": message, **extra}, status=status)
+
+
+def _refused(request: web.Request) -> web.Response | None:
+    """Return the answer to a request without the agent's token, or ``None`` when it has it."""
+    token = _agent(request).settings.token
+    if token is None:
+        return _error(503, "this endpoint is disabled: start the agent with --token-file")
+    scheme, _, offered = request.headers.get("Authorization", "").partition(" ")
+    # Constant time, so that the answer's timing does not reveal the token's prefix;
+    # surrogatepass: a header that is not valid UTF-8 must be refused, not crash.
+    if scheme.lower() != "bearer" or not hmac.compare_digest(
+        offered.strip().encode("utf-8", "surrogatepass"), token.encode()
+    ):
+        return web.json_response(
+            {"error": "a valid bearer token is required"},
+            status=401,
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+    return None
+
+
 async def _healthz(_: web.Request) -> web.Response:
     return web.Response(text="ok\n")
+
+
+async def _readyz(request: web.Request) -> web.Response:
+    supervisor = _agent(request).supervisor
+    if supervisor.failure is not None:
+        return _error(503, str(supervisor.failure), task=supervisor.failure.task)
+    return web.json_response({"ready": True, "tasks": supervisor.names})
 
 
 async def _metrics(request: web.Request) -> web.Response:
@@ -245,39 +292,66 @@ async def _metrics(request: web.Request) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
+def wants_refresh(query: Mapping[str, str]) -> bool:
+    """Whether ``GET /capability`` asks for a new probe: ``?refresh``, unless ``0`` or ``false``."""
+    return "refresh" in query and query["refresh"].lower() not in ("0", "false")
+
+
 async def _capability(request: web.Request) -> web.Response:
     agent = _agent(request)
-    capability = await agent.capabilities.get(refresh=request.query.get("refresh") == "1")
+    refresh = wants_refresh(request.query)
+    # A probe runs `criu check` and loads libcuda: only token holders may ask for one,
+    # anyone may read the cached answer.
+    if refresh and (refused := _refused(request)) is not None:
+        return refused
+    capability = await agent.capabilities.get(refresh=refresh)
     agent.state.capable = capability.ok
     return web.json_response({"node": agent.settings.node, **capability.to_json()})
 
 
-def _error(status: int, message: str, **extra: Any) -> web.Response:
-    return web.json_response({"error": message, **extra}, status=status)
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def parse_body(raw: bytes) -> dict[str, Any]:
+    """Return a request body's JSON object; :class:`ValueError` says what is wrong."""
+    try:
+        body = json.loads(raw, parse_constant=_no_constants)
+    except RecursionError:
+        raise ValueError("the body is nested too deeply") from None
+    except ValueError as error:  # not JSON, not UTF-8, NaN, an integer of 5,000 digits
+        raise ValueError(f"the body must be a JSON object: {error}") from None
+    if not isinstance(body, dict):
+        raise ValueError("the body must be a JSON object")
+    return body
 
 
 async def _guarded(
-    request: web.Request, work: Callable[[dict[str, Any]], Awaitable[Run]]
+    request: web.Request,
+    parse: Callable[[Mapping[str, Any]], _Request],
+    work: Callable[[_Request], Awaitable[Run]],
 ) -> web.Response:
-    """Authenticate, check capability, parse, run; map every outcome to a status."""
+    """Authenticate, parse, confine, check capability, run; map every outcome to a status."""
     agent = _agent(request)
-    token = agent.settings.token
-    if token is None:
-        return _error(503, "checkpoint endpoints are disabled: start the agent with --token-file")
-    offered = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
-    if not hmac.compare_digest(offered.encode(), token.encode()):
-        return _error(401, "a valid bearer token is required")
+    if (refused := _refused(request)) is not None:
+        return refused
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        return _error(413, f"the body is larger than {MAX_BODY_BYTES} bytes")
+    try:
+        parsed = parse(parse_body(raw))
+        # The resolved path, not the one asked for, is what the run uses: it was checked.
+        images = await asyncio.to_thread(
+            confine, str(parsed.images_dir), agent.settings.storage_root
+        )
+    except ValueError as error:
+        return _error(400, str(error))
     capability = await agent.capabilities.get()
     if not capability.ok:
         return _error(503, capability.explain(), reasons=list(capability.reasons))
     try:
-        body = await request.json()
-    except ValueError:
-        return _error(400, "the body must be a JSON object")
-    if not isinstance(body, dict):
-        return _error(400, "the body must be a JSON object")
-    try:
-        run = await work(body)
+        run = await work(replace(parsed, images_dir=images))
     except DriverUnavailable as error:
         return _error(503, str(error), reasons=[str(error)])
     except Busy as error:
@@ -292,27 +366,20 @@ async def _guarded(
 
 async def _checkpoint(request: web.Request) -> web.Response:
     checkpointer = _agent(request).checkpointer
-
-    async def work(body: dict[str, Any]) -> Run:
-        return await checkpointer.checkpoint(CheckpointRequest.from_json(body))
-
-    return await _guarded(request, work)
+    return await _guarded(request, CheckpointRequest.from_json, checkpointer.checkpoint)
 
 
 async def _restore(request: web.Request) -> web.Response:
     checkpointer = _agent(request).checkpointer
-
-    async def work(body: dict[str, Any]) -> Run:
-        return await checkpointer.restore(RestoreRequest.from_json(body))
-
-    return await _guarded(request, work)
+    return await _guarded(request, RestoreRequest.from_json, checkpointer.restore)
 
 
 def build_app(agent: Agent) -> web.Application:
     """Return the agent's aiohttp application."""
-    app = web.Application(client_max_size=1 << 20)
+    app = web.Application(client_max_size=MAX_BODY_BYTES)
     app[AGENT_KEY] = agent
     app.router.add_get("/healthz", _healthz)
+    app.router.add_get("/readyz", _readyz)
     app.router.add_get("/metrics", _metrics)
     app.router.add_get("/capability", _capability)
     app.router.add_post("/checkpoint", _checkpoint)
@@ -320,34 +387,46 @@ def build_app(agent: Agent) -> web.Application:
     return app
 
 
-async def serve(agent: Agent, stop: asyncio.Event | None = None) -> None:
-    """Serve until ``stop`` is set (or the task is cancelled)."""
+async def serve(agent: Agent, stop: asyncio.Event | None = None) -> int:
+    """Serve until ``stop`` is set or a background loop dies; return the exit status.
+
+    0 after ``stop``; :data:`~sessionfleet.supervise.EXIT_TASK_FAILED` when a loop died,
+    so that Kubernetes restarts the agent instead of leaving it half working.
+    """
     settings = agent.settings
-    stop = stop or asyncio.Event()
     runner = web.AppRunner(build_app(agent), access_log=None)
     await runner.setup()
     try:
-        async with agent.running():
+        async with agent.running() as supervisor:
             site = web.TCPSite(runner, settings.host, settings.port, reuse_address=True)
             await site.start()
             log.info(
-                "node agent for %s serving on http://%s:%d (checkpoint endpoints %s)",
+                "node agent for %s serving on http://%s:%d (checkpoint endpoints %s; "
+                "storage root %s)",
                 settings.node,
                 settings.host,
                 settings.port,
                 "enabled" if settings.token else "disabled: no --token-file",
+                settings.storage_root,
             )
-            await stop.wait()
+            failure = await supervisor.wait(stop)
     finally:
         await runner.cleanup()
+    if failure is not None:
+        log.error("stopping the agent: %s", failure)
+        return EXIT_TASK_FAILED
+    return 0
 
 
 __all__ = [
     "AGENT_KEY",
+    "MAX_BODY_BYTES",
     "Agent",
     "AgentSettings",
     "CapabilityCache",
     "build_app",
+    "parse_body",
     "pod_names",
     "serve",
+    "wants_refresh",
 ]

@@ -27,13 +27,16 @@ import asyncio
 import json
 import logging
 import os
+import re
 import signal
+import tempfile
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -50,13 +53,14 @@ from sessionfleet.checkpoint.criu_machine import (
     start,
     step,
 )
-from sessionfleet.checkpoint.cuda import ProcessState
+from sessionfleet.checkpoint.cuda import ProcessState, uuid_bytes
 from sessionfleet.checkpoint.driver import (
     CheckpointOutcome,
     CheckpointTarget,
     DriverError,
     DriverUnavailable,
 )
+from sessionfleet.checkpoint.paths import checked_path
 from sessionfleet.kube import NODES, PODS, Kube, KubeError
 
 log = logging.getLogger(__name__)
@@ -452,12 +456,29 @@ def gpu_pairs(saved: Sequence[str], target: Sequence[str]) -> list[tuple[str, st
     return [(old, new) for old, new in zip(saved, target, strict=True) if old != new]
 
 
+MAX_LOCK_TIMEOUT_SECONDS = 600.0
+"""The longest lock a request may ask for: the engine's requests are frozen meanwhile."""
+MIN_LOCK_TIMEOUT_SECONDS = 0.001
+"""The shortest: the CUDA API takes a timeout of 0 ms as no timeout at all."""
+MAX_ENDPOINT_CHARS = 2048
+MAX_GPUS = 64
+"""More GPU UUIDs than any node has."""
+
+_POD_UID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$", re.I)
+# What a pod status's containerID holds: a runtime scheme and the 64 hex digits that the
+# container's cgroup names (agent.cgroups), so nothing else could match a process anyway.
+_CONTAINER_ID = re.compile(r"^(?:[a-z][a-z0-9+.-]{0,31}://)?[0-9a-f]{64}$", re.I)
+_NAME_THE_CONTAINER = "podUID and containerID must name the engine's container"
+
+
 @dataclass(frozen=True, slots=True)
 class CheckpointRequest:
     """The body of the agent's ``POST /checkpoint``.
 
     The process is named by its pod's UID and its container's runtime ID, never by a
     raw PID: the agent acts only on containers of pods, found through their cgroups.
+    ``images_dir`` is checked lexically here (absolute, no ``..``); the agent then
+    confines it to its storage root (:func:`sessionfleet.checkpoint.paths.confine`).
     """
 
     images_dir: Path
@@ -472,11 +493,22 @@ class CheckpointRequest:
         """Parse and check a request; :class:`ValueError` says what is wrong."""
         images, endpoint = _location_and_endpoint(body)
         uid, container = body.get("podUID"), body.get("containerID")
-        if not isinstance(uid, str) or not uid or not isinstance(container, str) or not container:
-            raise ValueError("podUID and containerID must name the engine's container")
+        if not isinstance(uid, str) or not _POD_UID.match(uid):
+            raise ValueError(f"{_NAME_THE_CONTAINER}: podUID is not a pod's UID")
+        if not isinstance(container, str) or not _CONTAINER_ID.match(container):
+            raise ValueError(
+                f"{_NAME_THE_CONTAINER}: containerID is not <runtime>://<64 hex digits>"
+            )
         timeout = body.get("lockTimeoutSeconds", DEFAULT_LOCK_TIMEOUT_MS / 1000)
-        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout < 0:
-            raise ValueError("lockTimeoutSeconds must be a non-negative number")
+        if (
+            isinstance(timeout, bool)
+            or not isinstance(timeout, int | float)
+            or not MIN_LOCK_TIMEOUT_SECONDS <= timeout <= MAX_LOCK_TIMEOUT_SECONDS
+        ):
+            raise ValueError(
+                f"lockTimeoutSeconds must be a number of seconds from "
+                f"{MIN_LOCK_TIMEOUT_SECONDS:g} to {MAX_LOCK_TIMEOUT_SECONDS:g}"
+            )
         leave_running = body.get("leaveRunning", True)
         if not isinstance(leave_running, bool):
             raise ValueError("leaveRunning must be true or false")
@@ -486,17 +518,28 @@ class CheckpointRequest:
             pod_uid=uid,
             container_id=container,
             leave_running=leave_running,
-            lock_timeout_ms=int(timeout * 1000),
+            lock_timeout_ms=round(timeout * 1000),
         )
 
 
 def _location_and_endpoint(body: Mapping[str, Any]) -> tuple[Path, str]:
-    images, endpoint = body.get("imagesDir"), body.get("endpoint")
-    if not isinstance(images, str) or not images.startswith("/") or ".." in Path(images).parts:
-        raise ValueError("imagesDir must be an absolute path without '..'")
-    if not isinstance(endpoint, str) or not endpoint.startswith(("http://", "https://")):
-        raise ValueError("endpoint must be the engine's http:// URL")
-    return Path(images), endpoint
+    images = Path(checked_path(body.get("imagesDir"), "imagesDir"))
+    endpoint = body.get("endpoint")
+    if not isinstance(endpoint, str) or not _is_http_url(endpoint):
+        raise ValueError(
+            f"endpoint must be the engine's http:// URL of at most {MAX_ENDPOINT_CHARS} characters"
+        )
+    return images, endpoint
+
+
+def _is_http_url(text: str) -> bool:
+    if len(text) > MAX_ENDPOINT_CHARS:
+        return False
+    try:
+        url = urlsplit(text)
+        return url.scheme in ("http", "https") and bool(url.hostname) and url.port != 0
+    except ValueError:  # a port out of range, a bad IPv6 literal
+        return False
 
 
 @dataclass(frozen=True, slots=True)
@@ -513,8 +556,16 @@ class RestoreRequest:
         """Parse and check a request; :class:`ValueError` says what is wrong."""
         images, endpoint = _location_and_endpoint(body)
         gpus = body.get("gpus") or []
-        if not isinstance(gpus, list) or not all(isinstance(g, str) for g in gpus):
-            raise ValueError("gpus must be a list of GPU UUIDs")
+        if (
+            not isinstance(gpus, list)
+            or len(gpus) > MAX_GPUS
+            or not all(isinstance(g, str) for g in gpus)
+        ):
+            raise ValueError(f"gpus must be a list of at most {MAX_GPUS} GPU UUIDs")
+        for gpu in gpus:
+            # Checked now: a bad UUID found after CRIU restored the process would leave
+            # it locked, and the agent would have to kill it.
+            uuid_bytes(gpu)
         return cls(images_dir=images, endpoint=endpoint, gpus=tuple(gpus))
 
 
@@ -598,7 +649,7 @@ class NodeCheckpointer:
             "createdAt": datetime.now(UTC).isoformat(),
             "sizeBytes": run.size_bytes,
         }
-        (run.images / METADATA_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+        write_file_replacing(run.images / METADATA_FILE, json.dumps(meta, indent=2) + "\n")
 
     async def restore(self, request: RestoreRequest) -> Run:
         """Restore the process saved in ``request.images_dir`` onto this node's GPUs."""
@@ -624,11 +675,36 @@ class NodeCheckpointer:
             self._busy.discard(key)
 
 
+MAX_METADATA_BYTES = 1 << 16
+"""More than a metadata file ever holds; a larger one is read no further (and fails)."""
+
+
+def write_file_replacing(path: Path, text: str) -> None:
+    """Write ``path`` through a new file renamed over it.
+
+    The agent runs as root: writing to ``path`` directly would follow a symlink planted
+    there and overwrite whatever it points at. A rename replaces the link itself.
+    """
+    descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        os.fchmod(descriptor, 0o644)  # as a plain write would leave it (mkstemp: 0600)
+        with open(descriptor, "w", encoding="utf-8") as file:
+            file.write(text)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
 def read_metadata(images: Path) -> dict[str, Any]:
     """Return the metadata a checkpoint wrote; :class:`LookupError` when there is none."""
     path = images / METADATA_FILE
     try:
-        meta = json.loads(path.read_text())
+        # Not through a symlink: one planted in the images could make the agent (root)
+        # read any file of the node.
+        descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        with open(descriptor, encoding="utf-8") as file:
+            meta = json.loads(file.read(MAX_METADATA_BYTES))
     except FileNotFoundError as error:
         raise LookupError(f"no checkpoint at {images} ({METADATA_FILE} is missing)") from error
     except (OSError, ValueError) as error:

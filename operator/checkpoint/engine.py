@@ -4,7 +4,9 @@ The simulated engine writes its cache (or one session's blocks) to a directory w
 ``POST /sim/cache/export`` and loads one with ``POST /sim/cache/import`` or at start
 with ``--import-cache DIR``. The directory must be on storage both the old and the new
 pod mount at the same path (the worker's ``checkpoint.storage``: a ReadWriteMany
-volume; on the local demo cluster, a directory of the machine).
+volume; on the local demo cluster, a directory of the machine). A session's blocks go to
+a directory named like its AgentSession (a DNS-safe part of its id and a hash), never
+to the raw id: a client picks its session id, ``../..`` included.
 
 vLLM keeps its KV in LMCache's shared remote store as it serves (the pod builder
 configures the connector, the store's URL and a fixed ``PYTHONHASHSEED``), so a new
@@ -21,6 +23,7 @@ import httpx
 
 from sessionfleet.api import CheckpointDriver, EngineType
 from sessionfleet.checkpoint.driver import CheckpointOutcome, CheckpointTarget, DriverError
+from sessionfleet.checkpoint.paths import session_directory
 
 
 class EngineDriver:
@@ -54,7 +57,7 @@ class EngineDriver:
         sessions: dict[str, int] = {}
         size = 0
         for session in target.sessions or (None,):
-            directory = target.location if session is None else f"{target.location}/{session}"
+            directory = _directory(target.location, session)
             body: dict[str, Any] = {"directory": directory}
             if session is not None:
                 body["session"] = session
@@ -75,7 +78,7 @@ class EngineDriver:
         started = time.monotonic()
         sessions: dict[str, int] = {}
         for session in target.sessions or (None,):
-            directory = target.location if session is None else f"{target.location}/{session}"
+            directory = _directory(target.location, session)
             answer = await self._call(target, "/sim/cache/import", {"directory": directory})
             sessions.update(_session_tokens(answer))
         return CheckpointOutcome(
@@ -85,6 +88,11 @@ class EngineDriver:
     def restore_args(self, engine: EngineType, location: str) -> list[str]:
         """Start a new simulated engine from the checkpoint; vLLM needs nothing extra."""
         return [f"--import-cache={location}"] if engine is EngineType.SIM else []
+
+
+def _directory(location: str, session: str | None) -> str:
+    """Return the whole checkpoint's directory, or one session's inside it."""
+    return location if session is None else session_directory(location, session)
 
 
 def _session_tokens(answer: Any) -> dict[str, int]:

@@ -124,3 +124,31 @@ imagePullSecrets:
 - name: tmp
   mountPath: /tmp
 {{- end }}
+
+{{/*
+The node agents' shared token (the Secret agent.tokenSecret, key `token`): mounted in
+the agent pods and, when the operator calls the agents, in the operator pod.
+*/}}
+{{- define "sessionfleet.agentTokenFile" -}}
+/etc/sessionfleet/agent-token/token
+{{- end }}
+
+{{- define "sessionfleet.agentTokenVolume" -}}
+- name: agent-token
+  secret:
+    secretName: {{ .Values.agent.tokenSecret }}
+    items:
+      - key: token
+        path: token
+{{- end }}
+
+{{- define "sessionfleet.agentTokenMount" -}}
+- name: agent-token
+  mountPath: {{ include "sessionfleet.agentTokenFile" . | dir }}
+  readOnly: true
+{{- end }}
+
+{{/* Whether the operator calls the node agents: the criu driver, with their token. */}}
+{{- define "sessionfleet.operatorCallsAgents" -}}
+{{- if and .Values.agent.enabled .Values.agent.criu .Values.agent.tokenSecret }}true{{ end }}
+{{- end }}
