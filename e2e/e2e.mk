@@ -5,6 +5,7 @@
 #                      kubectl, KWOK and helm into ~/.cache/sessionfleet (cached)
 #   make cluster-up    start a cluster that stays up; prints `export KUBECONFIG=...`
 #   make cluster-down  stop it (logs stay in .e2e-state/logs)
+#   make test-repeat   run the e2e suite N times against one cluster (N=5)
 #   make test-e2e      run e2e/ against one fresh cluster shared by the xdist workers,
 #                      or against $SESSIONFLEET_E2E_KUBECONFIG when that is set
 
@@ -41,3 +42,15 @@ test-e2e: e2e-tools venv
 		echo "==> e2e against a fresh local cluster"; \
 		$(E2E_CLUSTER) run -- $(VENV)/bin/pytest e2e $(E2E_PYTEST_ARGS) --timeout=$(E2E_TIMEOUT); \
 	fi
+
+# The e2e suite N times in a row against one cluster, stopping at the first failure:
+# what a flaky test needs to show it is fixed. Select tests with E2E_PYTEST_ARGS, e.g.
+#   make test-repeat N=20 E2E_PYTEST_ARGS="-n 1 -k stays_on_its_engine"
+N ?= 5
+.PHONY: test-repeat
+test-repeat: e2e-tools venv
+	@$(E2E_CLUSTER) run -- bash -c 'for run in $$(seq $(N)); do \
+		echo "==> e2e run $$run of $(N)"; \
+		$(VENV)/bin/pytest e2e $(E2E_PYTEST_ARGS) --timeout=$(E2E_TIMEOUT) -p no:cacheprovider \
+			|| { echo "==> run $$run of $(N) failed"; exit 1; }; \
+	done; echo "==> $(N) runs green"'

@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
+import aiohttp.web
 from aiohttp.test_utils import TestServer
 from router_fakes import FakeKube
 
@@ -48,6 +49,17 @@ class Fleet:
 
     async def engine(self, name: str, **config: Any) -> str:
         server = TestServer(build_app(EngineConfig(model=MODEL, **config)), host="127.0.0.1")
+        await server.start_server()
+        self.servers.append(server)
+        endpoint = str(server.make_url("")).rstrip("/")
+        self.kube.put(WORKERS.plural, worker_object(name, endpoint))
+        return endpoint
+
+    async def fake_engine(self, name: str, handler: Any) -> str:
+        """Register a worker served by ``handler`` (an aiohttp handler for chat completions)."""
+        app = aiohttp.web.Application()
+        app.router.add_post("/v1/chat/completions", handler)
+        server = TestServer(app, host="127.0.0.1")
         await server.start_server()
         self.servers.append(server)
         endpoint = str(server.make_url("")).rstrip("/")

@@ -338,17 +338,7 @@ async def test_credentials_do_not_reach_the_worker(
         seen.append(dict(request.headers))
         return aiohttp.web.json_response({"usage": {"prompt_tokens": 1, "completion_tokens": 1}})
 
-    from aiohttp import web
-    from aiohttp.test_utils import TestServer
-
-    from sessionfleet.kube import WORKERS
-
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", echo)
-    engine = TestServer(app, host="127.0.0.1")
-    await engine.start_server()
-    fleet.servers.append(engine)
-    fleet.kube.put(WORKERS.plural, worker_object("w1", str(engine.make_url("")).rstrip("/")))
+    await fleet.fake_engine("w1", echo)
     url, _ = await authenticated_router(fleet, tmp_path)
     headers = {"Authorization": "Bearer k-alice", "x-api-key": "k-alice"}
     assert (await post(http, url, chat(opening()), headers))[0] == 200
@@ -389,9 +379,6 @@ async def test_a_broken_stream_ends_with_a_json_error_frame(
     fleet: Fleet, http: aiohttp.ClientSession
 ) -> None:
     from aiohttp import web
-    from aiohttp.test_utils import TestServer
-
-    from sessionfleet.kube import WORKERS
 
     async def breaks(request: web.Request) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
@@ -401,12 +388,7 @@ async def test_a_broken_stream_ends_with_a_json_error_frame(
         request.transport.abort()  # the worker dies mid-stream
         return response
 
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", breaks)
-    engine = TestServer(app, host="127.0.0.1")
-    await engine.start_server()
-    fleet.servers.append(engine)
-    fleet.kube.put(WORKERS.plural, worker_object("w1", str(engine.make_url("")).rstrip("/")))
+    await fleet.fake_engine("w1", breaks)
     url, router = await fleet.router()
     async with http.post(url + "/v1/chat/completions", json=chat(opening(), stream=True)) as r:
         raw = await r.read()

@@ -244,7 +244,7 @@ class SessionCreator:
             await self._kube.delete(SESSIONS, session.name, self._namespace, uid=session.uid)
         except NotFound:
             return
-        except (KubeError, Conflict) as error:
+        except KubeError as error:  # a Conflict: it is another incarnation now
             logger.warning("cannot delete abandoned session %s: %s", session.name, error)
             return
         self._metrics.sessions_created.labels("discarded").inc()
