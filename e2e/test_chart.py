@@ -609,7 +609,12 @@ def test_operator_and_router_run_with_the_charts_service_accounts(
         refused = kubectl_as(operator_config, "get", "secrets", ns, tools_kubectl=tools_kubectl)
         assert refused.returncode != 0 and "Forbidden" in refused.stderr, refused.stderr
         refused = kubectl_as(
-            router_config, "delete", "agentsession", "any-session", ns, tools_kubectl=tools_kubectl
+            router_config,
+            "delete",
+            "inferenceworker",
+            "any-worker",
+            ns,
+            tools_kubectl=tools_kubectl,
         )
         assert refused.returncode != 0 and "Forbidden" in refused.stderr, refused.stderr
 

@@ -383,7 +383,6 @@ def test_router_limits_authentication_and_session_quota() -> None:
     assert "--max-body-bytes=8388608" in default_args
 
 
-
 def test_router_deployment_service_and_flags() -> None:
     objects = render(
         values={

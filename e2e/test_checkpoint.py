@@ -36,6 +36,7 @@ from e2e.operator import (
     wait_for,
     worker_pods,
 )
+from sessionfleet.resources.names import session_object_name
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -295,7 +296,10 @@ def test_a_drain_through_two_real_routers_moves_the_session_between_turns(
             url, router = start_router(cluster.kubeconfig, namespace, f"r{i}", tmp_path)
             routers.append(router)
             urls.append(url)
-        crs.create(session("agent", workerPin="src"))  # where its first turn lands
+        # Pre-created where its first turn must land, under the name the routers derive
+        # from its id: they route an id by that object only.
+        name = session_object_name("id-agent")
+        crs.create(session("agent", workerPin="src") | {"metadata": {"name": name}})
         wait_until(crs.all_in_phase("agentsessions", "Bound", 1), timeout=30, what="bound")
         history = [{"role": "system", "content": SYSTEM}]
         for step in range(10):
@@ -305,11 +309,11 @@ def test_a_drain_through_two_real_routers_moves_the_session_between_turns(
         kubectl("cordon", own_nodes[0])
         wait_for(
             operator,
-            lambda: bound_to(crs) == {"agent": "dst"},
+            lambda: bound_to(crs) == {name: "dst"},
             timeout=60,
             what="the session moved once both routers acknowledged",
         )
-        acks = crs.get("agentsessions", "agent")["metadata"].get("annotations", {})
+        acks = crs.get("agentsessions", name)["metadata"].get("annotations", {})
         assert {"ack.sessionfleet.dev/r1", "ack.sessionfleet.dev/r2"} <= set(acks)
         moved = via_router(urls[0], "id-agent", history, "the next turn")
         assert moved.headers["x-sessionfleet-worker"] == "dst"
