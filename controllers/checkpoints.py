@@ -19,23 +19,35 @@ from sessionfleet.api import (
     CheckpointDriver,
     CheckpointPhase,
     CheckpointReason,
+    ConditionStatus,
+    ConditionType,
     InferenceWorker,
+    Reason,
     WorkerPhase,
+    destination_problem,
+    reserved_reason_problem,
 )
-from sessionfleet.checkpoint import CheckpointOutcome, CheckpointTarget, DriverError
+from sessionfleet.checkpoint import (
+    CheckpointOutcome,
+    CheckpointTarget,
+    DriverError,
+    DriverUnavailable,
+)
 from sessionfleet.controllers import metrics
 from sessionfleet.controllers.fleet import Fleet
 from sessionfleet.controllers.records import WorkerRecord
-from sessionfleet.controllers.status import iso
+from sessionfleet.controllers.status import iso, merge_conditions
 from sessionfleet.kube import CHECKPOINTS, Conflict, KubeError, NotFound
 from sessionfleet.policy.checkpoint import (
     CheckpointState,
+    abandoned,
     checkpoint_location,
     checkpoint_name,
     latest_usable,
     periodic_due,
     retention_victims,
 )
+from sessionfleet.policy.worker import ConditionPlan
 from sessionfleet.resources.pods import owner_reference
 
 log = logging.getLogger(__name__)
@@ -79,6 +91,30 @@ async def _patch(fleet: Fleet, checkpoint: CheckpointState, status: dict[str, An
     fleet.freshness.mark((checkpoint.namespace, f"checkpoint/{checkpoint.name}"), body)
 
 
+def outcome_conditions(reason: Reason, message: str, now: datetime) -> list[dict[str, Any]]:
+    """Return the checkpoint's ``Checkpointed`` condition for how it ended.
+
+    True with ``CheckpointSucceeded``; False with ``DriverUnsupported`` when the driver
+    cannot work here at all (nothing was attempted), else ``CheckpointFailed``.
+    """
+    status = (
+        ConditionStatus.TRUE if reason is Reason.CHECKPOINT_SUCCEEDED else ConditionStatus.FALSE
+    )
+    return merge_conditions(
+        [], [ConditionPlan(ConditionType.CHECKPOINTED, status, reason, message)], now
+    )
+
+
+def failed_status(reason: Reason, error: str, now: datetime) -> dict[str, Any]:
+    """Return the status of a checkpoint that was not written: Failed, with why."""
+    return {
+        "phase": CheckpointPhase.FAILED.value,
+        "error": error,
+        "completedAt": iso(now),
+        "conditions": outcome_conditions(reason, error, now),
+    }
+
+
 async def save(
     fleet: Fleet, checkpoint: CheckpointState, now: datetime
 ) -> CheckpointOutcome | None:
@@ -88,13 +124,16 @@ async def save(
         await _patch(
             fleet,
             checkpoint,
-            {
-                "phase": CheckpointPhase.FAILED.value,
-                "error": f"worker {checkpoint.worker} not found",
-            },
+            failed_status(Reason.CHECKPOINT_FAILED, f"worker {checkpoint.worker} not found", now),
         )
         return None
     worker = record.worker
+    problem = destination_problem(
+        checkpoint.destination, worker.spec.checkpoint.storage.path, checkpoint.namespace
+    )
+    if problem is not None:
+        await refuse(fleet, checkpoint, Reason.DESTINATION_OUTSIDE_STORAGE, problem, now)
+        return None
     kind = worker_driver(worker, checkpoint)
     driver = fleet.drivers.get(kind)
     location = checkpoint_location(
@@ -107,11 +146,12 @@ async def save(
     target = target_for(record, worker, location, checkpoint.sessions)
     failure = None
     if kind is CheckpointDriver.NONE or driver is None:
-        failure = f"driver {kind.value} cannot checkpoint here"
+        failure = (Reason.DRIVER_UNSUPPORTED, f"driver {kind.value} cannot checkpoint here")
     elif target is None:
-        failure = f"worker {checkpoint.worker} has no serving pod"
+        failure = (Reason.CHECKPOINT_FAILED, f"worker {checkpoint.worker} has no serving pod")
     if failure is not None or target is None or driver is None:
-        await _patch(fleet, checkpoint, {"phase": CheckpointPhase.FAILED.value, "error": failure})
+        reason, error = failure or (Reason.CHECKPOINT_FAILED, "nothing to checkpoint")
+        await _patch(fleet, checkpoint, failed_status(reason, error, now))
         return None
     await _patch(
         fleet,
@@ -119,13 +159,21 @@ async def save(
         {"phase": CheckpointPhase.RUNNING.value, "startedAt": iso(now), "epoch": target.epoch},
     )
     try:
-        outcome = await driver.save(target)
-    except DriverError as error:
-        await _patch(
-            fleet,
-            checkpoint,
-            {"phase": CheckpointPhase.FAILED.value, "error": str(error), "completedAt": iso(now)},
+        async with asyncio.timeout(fleet.config.checkpoint_timeout.total_seconds()):
+            outcome = await driver.save(target)
+    except (DriverError, TimeoutError) as error:
+        if isinstance(error, TimeoutError):
+            error = DriverError(
+                f"the checkpoint did not finish within "
+                f"{fleet.config.checkpoint_timeout.total_seconds():g} s"
+            )
+        # DriverUnavailable: the node cannot do it at all (capability), nothing was tried.
+        reason = (
+            Reason.DRIVER_UNSUPPORTED
+            if isinstance(error, DriverUnavailable)
+            else Reason.CHECKPOINT_FAILED
         )
+        await _patch(fleet, checkpoint, failed_status(reason, str(error), now))
         log.warning("checkpoint %s/%s failed: %s", checkpoint.namespace, checkpoint.name, error)
         return None
     done = datetime.now(now.tzinfo)
@@ -143,6 +191,11 @@ async def save(
                 for sid, tokens in sorted(outcome.sessions.items())
             ],
             "totalTokens": outcome.total_tokens,
+            "conditions": outcome_conditions(
+                Reason.CHECKPOINT_SUCCEEDED,
+                f"{outcome.total_tokens} tokens of {len(outcome.sessions)} session(s)",
+                done,
+            ),
         },
     )
     metrics.CHECKPOINTS.labels(checkpoint.reason.value).inc()
@@ -171,10 +224,17 @@ async def create(
         },
         "spec": {"worker": record.name, "reason": reason.value, "sessions": list(sessions)},
     }
+    key = (record.namespace, name)
+    fleet.created_checkpoints.add(key)
     try:
         await fleet.kube.create(CHECKPOINTS, body, record.namespace)
     except Conflict:
-        return None  # created this second already
+        # Created this second already — or someone else's object has the name.
+        fleet.created_checkpoints.discard(key)
+        return None
+    except BaseException:
+        fleet.created_checkpoints.discard(key)
+        raise
     metrics.API_WRITES.labels("create", "workercheckpoints").inc()
     return CheckpointState(
         namespace=record.namespace,
@@ -186,7 +246,26 @@ async def create(
     )
 
 
-def _start(fleet: Fleet, checkpoint: CheckpointState, now: datetime) -> None:
+async def refuse(
+    fleet: Fleet, checkpoint: CheckpointState, reason: Reason, problem: str, now: datetime
+) -> None:
+    """Mark a checkpoint the operator will not run: Failed, with ``Valid=False`` saying why."""
+    valid = ConditionPlan(ConditionType.VALID, ConditionStatus.FALSE, reason, problem)
+    await _patch(
+        fleet,
+        checkpoint,
+        {
+            "phase": CheckpointPhase.FAILED.value,
+            "error": problem,
+            "completedAt": iso(now),
+            "conditions": merge_conditions([], [valid], now),
+        },
+    )
+    log.warning("checkpoint %s/%s refused: %s", *checkpoint.key, problem)
+
+
+def start(fleet: Fleet, checkpoint: CheckpointState, now: datetime) -> None:
+    """Run a checkpoint in the background (once): the fleet loop never waits for a driver."""
     key = (checkpoint.namespace, checkpoint.name)
     if key in fleet.running_checkpoints:
         return
@@ -198,12 +277,9 @@ def _start(fleet: Fleet, checkpoint: CheckpointState, now: datetime) -> None:
             log.warning("checkpoint %s: %s", key, error)
         finally:
             fleet.running_checkpoints.discard(key)
-            fleet.wakeup.set()
 
     fleet.running_checkpoints.add(key)
-    task = asyncio.create_task(run(), name=f"checkpoint {key}")
-    fleet.tasks.add(task)
-    task.add_done_callback(fleet.tasks.discard)
+    fleet.spawn(f"checkpoint {key}", run())
 
 
 async def reconcile_checkpoints(
@@ -211,10 +287,29 @@ async def reconcile_checkpoints(
 ) -> None:
     """Run the worker's pending checkpoints, take a periodic one if due, apply retention."""
     checkpoints = fleet.checkpoints_of(record.key)
+    timeout = fleet.config.checkpoint_timeout
     for checkpoint in checkpoints:
-        # Drain checkpoints are run by the migration that created them, in line.
-        if checkpoint.phase is None and checkpoint.reason is not CheckpointReason.DRAIN:
-            _start(fleet, checkpoint, now)
+        if checkpoint.phase is None:
+            problem = reserved_reason_problem(
+                checkpoint.reason, checkpoint.key in fleet.created_checkpoints
+            )
+            if problem is not None:
+                await refuse(fleet, checkpoint, Reason.RESERVED_CHECKPOINT_REASON, problem, now)
+            elif checkpoint.reason is not CheckpointReason.DRAIN:
+                # Drain checkpoints are started by the move that created them.
+                start(fleet, checkpoint, now)
+        elif abandoned(checkpoint, checkpoint.key in fleet.running_checkpoints, now, timeout):
+            await _patch(
+                fleet,
+                checkpoint,
+                failed_status(
+                    Reason.CHECKPOINT_FAILED,
+                    "no operator finished it within "
+                    f"{timeout.total_seconds():g} s (the one that started it stopped)",
+                    now,
+                ),
+            )
+            log.warning("checkpoint %s/%s abandoned: marked Failed", *checkpoint.key)
     settings = worker.spec.checkpoint
     whole = [c for c in checkpoints if c.whole_worker]
     last = latest_usable(whole)
@@ -236,7 +331,7 @@ async def reconcile_checkpoints(
     ):
         created = await create(fleet, record, worker, CheckpointReason.PERIODIC, now)
         if created is not None:
-            _start(fleet, created, now)
+            start(fleet, created, now)
     for name in retention_victims(checkpoints, settings.retention):
         try:
             await fleet.kube.delete(CHECKPOINTS, name, record.namespace)

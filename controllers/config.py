@@ -5,8 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import timedelta
 
+from sessionfleet.policy.checkpoint import DEFAULT_CHECKPOINT_TIMEOUT
 from sessionfleet.policy.handshake import DEFAULT_ACK_TIMEOUT
-from sessionfleet.policy.recovery import DEFAULT_NODE_NOT_READY_TOLERATION
+from sessionfleet.policy.recovery import (
+    DEFAULT_MAX_CONCURRENT_NODE_RECOVERIES,
+    DEFAULT_NODE_NOT_READY_TOLERATION,
+    DEFAULT_UNHEALTHY_NODE_THRESHOLD,
+)
 from sessionfleet.policy.sessions import DEFAULT_IDLE_TIMEOUT
 from sessionfleet.resources.pods import EngineImages
 
@@ -20,6 +25,10 @@ class OperatorConfig:
     kubeconfig: str | None = None
     idle_timeout: timedelta = DEFAULT_IDLE_TIMEOUT
     node_not_ready_toleration: timedelta = DEFAULT_NODE_NOT_READY_TOLERATION
+    max_concurrent_node_recoveries: int = DEFAULT_MAX_CONCURRENT_NODE_RECOVERIES
+    """Workers moved off NotReady nodes at once, fleet-wide."""
+    unhealthy_node_threshold: float = DEFAULT_UNHEALTHY_NODE_THRESHOLD
+    """Beyond this share of NotReady nodes, no worker is moved off a NotReady node."""
     resync_seconds: float = 2.0
     """The longest the fleet loop sleeps without an event; deadlines are met within it."""
     scrape_interval_seconds: float = 15.0
@@ -28,6 +37,8 @@ class OperatorConfig:
     max_concurrent_writes: int = 16
     status_coalesce_seconds: float = 5.0
     """A worker's counters (pinned sessions, KV usage…) are written at most this often."""
+    checkpoint_timeout: timedelta = DEFAULT_CHECKPOINT_TIMEOUT
+    """The longest a checkpoint runs; a Running one left by a restart fails after it."""
     ack_timeout: timedelta = DEFAULT_ACK_TIMEOUT
     """The longest a migration waits for router acknowledgements before moving anyway."""
     metrics_port: int = 8080

@@ -14,23 +14,31 @@ between a write and the watch event that reports it back:
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Coroutine, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import httpx
 
-from sessionfleet.api import CheckpointDriver, HoldMechanism, WorkerPhase
+from sessionfleet.api import CheckpointDriver, DrainPolicySpec, WorkerPhase
 from sessionfleet.checkpoint import Driver
 from sessionfleet.controllers.config import OperatorConfig
+from sessionfleet.controllers.faults import Faults
 from sessionfleet.controllers.records import Key, PolicyRecord, WorkerRecord, resource_version
 from sessionfleet.kube import Kube
 from sessionfleet.policy.checkpoint import CheckpointState
 from sessionfleet.policy.handshake import RouterLease
 from sessionfleet.policy.observed import NodeState, PodState
 from sessionfleet.policy.placement import WorkerLoad
+from sessionfleet.policy.recovery import NodeRecoveryGate
 from sessionfleet.policy.sessions import SessionState
+
+log = logging.getLogger(__name__)
+
+UNPARSED = "the spec could not be parsed"
+"""The problem reported for a DrainPolicy whose parse gave no message."""
 
 
 class Store(Protocol):
@@ -107,6 +115,8 @@ class EngineStats:
     prefix_queries: float | None = None
     running: int | None = None
     waiting: int | None = None
+    ignored: tuple[str, ...] = ()
+    """Metrics the engine reported as NaN or infinite, which were left out."""
 
 
 @dataclass
@@ -118,6 +128,7 @@ class Fleet:
     http: httpx.AsyncClient
     workers: Store | None = None
     worker_pods: Store | None = None
+    pdbs: Store | None = None
     sessions: Store | None = None
     session_workers: Store | None = None
     checkpoints: Store | None = None
@@ -127,10 +138,15 @@ class Fleet:
     wakeup: asyncio.Event = field(default_factory=asyncio.Event)
     indexed: asyncio.Event = field(default_factory=asyncio.Event)
     freshness: Freshness = field(default_factory=Freshness)
+    faults: Faults = field(default_factory=Faults)
+    node_gate: NodeRecoveryGate = field(default_factory=lambda: NodeRecoveryGate(0))
+    """This pass's budget for moving workers off NotReady nodes (set by the loop)."""
+    """Objects whose last reconcile failed (controllers/faults.py)."""
     ledger: BindingLedger = field(default_factory=BindingLedger)
     stats: dict[Key, EngineStats] = field(default_factory=dict)
-    holds: dict[Key, frozenset[HoldMechanism]] = field(default_factory=dict)
-    pod_holds: dict[str, frozenset[HoldMechanism]] = field(default_factory=dict)
+    hold_writes: dict[tuple[str, Key], float] = field(default_factory=dict)
+    """Hold changes written but not yet seen in the indexes: (what, object) to when
+    (monotonic), so a pass does not write them again while the watch catches up."""
     busy_sessions: set[Key] = field(default_factory=set)
     deleted_sessions: dict[Key, int] = field(default_factory=dict)
     status_written_at: dict[Key, float] = field(default_factory=dict)
@@ -138,8 +154,27 @@ class Fleet:
     """Sessions we deleted, with their resourceVersion, until the index drops them."""
     drivers: dict[CheckpointDriver, Driver] = field(default_factory=dict)
     running_checkpoints: set[Key] = field(default_factory=set)
+    created_checkpoints: set[Key] = field(default_factory=set)
+    """WorkerCheckpoints this process created: the only ones whose reason may be Drain
+    or Periodic (the API server cannot tell who created an object)."""
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
     writes: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(16))
+
+    def spawn(self, name: str, work: Coroutine[Any, Any, None]) -> None:
+        """Run slow work (a checkpoint, a migration through one) beside the loop.
+
+        The loop is woken when it ends; an exception is logged with its traceback, and
+        the work's own objects say what failed in their status.
+        """
+        task = asyncio.create_task(work, name=name)
+        self.tasks.add(task)
+        task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self.tasks.discard(task)
+        self.wakeup.set()
+        if not task.cancelled() and (error := task.exception()) is not None:
+            log.error("%s failed", task.get_name(), exc_info=error)
 
     def forget_deleted(self) -> None:
         """Drop the deleted sessions the index no longer shows (or shows created anew)."""
@@ -161,6 +196,10 @@ class Fleet:
             return []
         return [record for key in list(self.workers) for record in self.workers[key]]
 
+    def has_pdb(self, key: Key) -> bool:
+        """Whether the worker's hold PodDisruptionBudget exists (as the index shows it)."""
+        return bool(self.pdbs.get(key)) if self.pdbs is not None else False
+
     def pods_of(self, key: Key) -> list[PodState]:
         """Return the worker's pods, every epoch."""
         return list(self.worker_pods.get(key, ())) if self.worker_pods is not None else []
@@ -173,6 +212,23 @@ class Fleet:
     def policies_in(self, namespace: str) -> list[PolicyRecord]:
         """Return the DrainPolicies of a namespace."""
         return list(self.policies.get(namespace, ())) if self.policies is not None else []
+
+    def policy_specs(self, namespace: str) -> tuple[dict[str, DrainPolicySpec], dict[str, str]]:
+        """Return a namespace's DrainPolicies as ``resolve_policy`` reads them.
+
+        The specs that parsed, by name, and the others' parse problems, by name: a
+        worker that references an invalid policy is told so, not that it does not exist.
+        """
+        records = self.policies_in(namespace)
+        parsed = {p.name: p.spec for p in records if p.spec is not None}
+        invalid = {p.name: p.invalid or UNPARSED for p in records if p.spec is None}
+        return parsed, invalid
+
+    def all_policies(self) -> list[PolicyRecord]:
+        """Return every DrainPolicy record, of every namespace."""
+        if self.policies is None:
+            return []
+        return [record for key in list(self.policies) for record in self.policies[key]]
 
     def checkpoints_of(self, key: Key) -> list[CheckpointState]:
         """Return the worker's WorkerCheckpoints."""

@@ -52,15 +52,17 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     settings.watching.label_selectors["pods"] = WORKER_LABEL
+    settings.watching.label_selectors["poddisruptionbudgets"] = WORKER_LABEL
     settings.execution.max_workers = 8
     # Kopf keeps an object's worker for idle_timeout (5 s) after its last event, so a
     # limit below the number of objects changing at once caps throughput at about
-    # limit / 5 s objects per second and queues the rest (STYLE.md: the limit goes above
+    # limit / 5 s objects per second and queues the rest (docs/design.md: the limit goes above
     # the indexed count). Session writes are bounded by Fleet.writes instead.
     settings.queueing.worker_limit = None
     settings.networking.error_backoffs = [1, 2, 5, 10, 30]
     fleet.workers = kwargs["worker_index"]
     fleet.worker_pods = kwargs["pod_index"]
+    fleet.pdbs = kwargs["pdb_index"]
     fleet.sessions = kwargs["session_index"]
     fleet.session_workers = kwargs["session_worker_index"]
     fleet.nodes = kwargs["node_index"]
@@ -121,6 +123,14 @@ async def pod_index(
 ) -> dict[Any, Any]:
     """Worker pods by (namespace, worker)."""
     return {(namespace, labels[WORKER_LABEL]): pod_state(body, EPOCH_LABEL)}
+
+
+@kopf.index("policy", "v1", "poddisruptionbudgets", labels={WORKER_LABEL: kopf.PRESENT})
+async def pdb_index(
+    body: kopf.Body, namespace: str | None, labels: kopf.Labels, **_: Any
+) -> dict[Any, Any]:
+    """Index the drain holds' PodDisruptionBudgets by (namespace, worker)."""
+    return {(namespace, labels[WORKER_LABEL]): body["metadata"]["name"]}
 
 
 @kopf.index(*SESSIONS)

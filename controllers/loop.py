@@ -8,20 +8,28 @@ without a timer per object. A second task scrapes each Ready worker's engine met
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+import math
 from collections import Counter
-from collections.abc import Awaitable, Iterable
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
+from typing import Any, Final
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from sessionfleet.api import SessionPhase, WorkerPhase
+from sessionfleet.api import ConditionType, Reason, SessionPhase, WorkerPhase
 from sessionfleet.controllers import metrics
+from sessionfleet.controllers.faults import Job, reconciled_condition, run_isolated, with_condition
 from sessionfleet.controllers.fleet import EngineStats, Fleet
+from sessionfleet.controllers.policies import reconcile_policies
 from sessionfleet.controllers.sessions import next_step, reconcile_session
 from sessionfleet.controllers.workers import reconcile_worker
-from sessionfleet.kube import KubeError
+from sessionfleet.engines import vllm
+from sessionfleet.kube import SESSIONS, WORKERS
+from sessionfleet.policy.observed import NodeState
+from sessionfleet.policy.recovery import node_recovery_gate
 
 log = logging.getLogger(__name__)
 
@@ -31,30 +39,98 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
-async def _bounded(fleet: Fleet, jobs: Iterable[Awaitable[None]]) -> None:
-    """Run jobs concurrently, at most ``max_concurrent_writes`` at a time; log failures."""
+async def _bounded(fleet: Fleet, jobs: Iterable[Job], now: datetime) -> None:
+    """Run jobs concurrently, at most ``max_concurrent_writes`` at a time, each isolated."""
     semaphore = asyncio.Semaphore(fleet.config.max_concurrent_writes)
 
-    async def one(job: Awaitable[None]) -> None:
+    async def one(job: Job) -> None:
         async with semaphore:
-            try:
-                await job
-            except KubeError as error:
-                log.warning("reconcile step failed: %s", error)
+            await run_isolated(job, fleet.faults, functools.partial(record_fault, fleet=fleet), now)
 
     await asyncio.gather(*(one(job) for job in jobs))
 
 
+async def record_fault(job: Job, message: str, now: datetime, *, fleet: Fleet) -> None:
+    """Put ``Reconciled=False`` with the failure on the object's status."""
+    condition = reconciled_condition(message)
+    namespace, name = job.key
+    if job.resource is WORKERS:
+        record = fleet.worker(namespace, name)
+        existing = (record.raw_status.get("conditions") or []) if record is not None else []
+    else:
+        # A session's conditions are not indexed; failures are rare enough to read them.
+        existing = ((await fleet.kube.get(job.resource, name, namespace)).get("status") or {}).get(
+            "conditions"
+        ) or []
+    await fleet.kube.patch(
+        job.resource,
+        name,
+        {"status": {"conditions": with_condition(existing, condition, now)}},
+        namespace,
+        status=True,
+    )
+
+
 async def reconcile_once(fleet: Fleet, now: datetime) -> None:
-    """Reconcile every worker, then every session."""
+    """Reconcile every worker, then every session; one object's failure stops no other."""
     fleet.forget_deleted()
-    await _bounded(fleet, (reconcile_worker(fleet, r, now) for r in fleet.all_workers()))
+    fleet.node_gate = node_recovery_gate(
+        fleet_nodes(fleet),
+        moving=sum(1 for r in fleet.all_workers() if moving_off_not_ready_node(r.raw_status)),
+        max_concurrent=fleet.config.max_concurrent_node_recoveries,
+        unhealthy_threshold=fleet.config.unhealthy_node_threshold,
+    )
+    await _bounded(
+        fleet,
+        (
+            Job(WORKERS, r.key, functools.partial(reconcile_worker, fleet, r, now))
+            for r in fleet.all_workers()
+        ),
+        now,
+    )
+    await reconcile_policies(fleet, now)
     # Most sessions need nothing on most passes: decide without a task for each, and start
     # tasks only for those with a step to take (decided again when its turn comes).
-    due = [s for s in fleet.all_sessions() if next_step(fleet, s, now) is not None]
+    due = []
+    for session in fleet.all_sessions():
+        try:
+            if next_step(fleet, session, now) is not None:
+                due.append(session)
+        except Exception as error:  # one odd session must not stop the others
+            await run_isolated(
+                Job(SESSIONS, session.key, functools.partial(_raise, error)),
+                fleet.faults,
+                functools.partial(record_fault, fleet=fleet),
+                now,
+            )
     due.sort(key=lambda s: (s.created_at or now, s.name))
-    await _bounded(fleet, (reconcile_session(fleet, s, now) for s in due))
+    await _bounded(
+        fleet,
+        (Job(SESSIONS, s.key, functools.partial(reconcile_session, fleet, s, now)) for s in due),
+        now,
+    )
     _export_gauges(fleet)
+
+
+def fleet_nodes(fleet: Fleet) -> list[NodeState]:
+    """Return the nodes that run the workers this operator serves (its share of the cluster)."""
+    names = {pod.node for r in fleet.all_workers() for pod in fleet.pods_of(r.key) if pod.node}
+    return [node for name in sorted(names) if (node := fleet.node(name)) is not None]
+
+
+def moving_off_not_ready_node(status: Mapping[str, Any]) -> bool:
+    """Whether a worker's status says it is Recovering because its node went NotReady."""
+    if status.get("phase") != WorkerPhase.RECOVERING.value:
+        return False
+    return any(
+        c.get("type") == ConditionType.RECOVERING.value
+        and c.get("reason") == Reason.NODE_NOT_READY.value
+        for c in status.get("conditions") or ()
+    )
+
+
+async def _raise(error: Exception) -> None:
+    raise error
 
 
 def _export_gauges(fleet: Fleet) -> None:
@@ -90,23 +166,51 @@ async def run(fleet: Fleet) -> None:
         await asyncio.sleep(0.05)
 
 
+_HITS: Final = f"{vllm.PREFIX_CACHE_HITS}_total"
+_QUERIES: Final = f"{vllm.PREFIX_CACHE_QUERIES}_total"
+_READ: Final = frozenset(
+    {
+        vllm.KV_CACHE_USAGE_PERC,
+        vllm.NUM_REQUESTS_RUNNING,
+        vllm.NUM_REQUESTS_WAITING,
+        _HITS,
+        _QUERIES,
+    }
+)
+"""The samples the operator reads (counters are exposed with ``_total``)."""
+
+
 def parse_engine_metrics(text: str) -> EngineStats:
-    """Read vLLM's metric names (FACTS.md) from a Prometheus text exposition."""
+    """Read vLLM's metrics from a Prometheus text exposition.
+
+    A NaN or infinite value is left out and named in ``ignored`` (the worker then
+    carries ``EngineMetrics=False``): one engine's nonsense must neither stop the
+    scraper nor reach a status field.
+    """
     values: dict[str, float] = {}
+    ignored: set[str] = set()
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            values[sample.name] = values.get(sample.name, 0.0) + float(sample.value)
+            if sample.name not in _READ:
+                continue
+            value = float(sample.value)
+            if not math.isfinite(value):
+                ignored.add(sample.name)
+                continue
+            values[sample.name] = values.get(sample.name, 0.0) + value
+    for name in ignored:
+        values.pop(name, None)
 
-    def number(name: str) -> float | None:
-        return values.get(name)
-
-    running, waiting = number("vllm:num_requests_running"), number("vllm:num_requests_waiting")
+    running = values.get(vllm.NUM_REQUESTS_RUNNING)
+    waiting = values.get(vllm.NUM_REQUESTS_WAITING)
+    kv_usage = values.get(vllm.KV_CACHE_USAGE_PERC)
     return EngineStats(
-        kv_usage=number("vllm:kv_cache_usage_perc"),
-        prefix_hits=number("vllm:prefix_cache_hits_total"),
-        prefix_queries=number("vllm:prefix_cache_queries_total"),
+        kv_usage=min(max(kv_usage, 0.0), 1.0) if kv_usage is not None else None,
+        prefix_hits=values.get(_HITS),
+        prefix_queries=values.get(_QUERIES),
         running=int(running) if running is not None else None,
         waiting=int(waiting) if waiting is not None else None,
+        ignored=tuple(sorted(ignored)),
     )
 
 

@@ -14,6 +14,8 @@ from typing import Any
 
 from sessionfleet.api import (
     AgentSession,
+    ConditionStatus,
+    ConditionType,
     DrainPolicySpec,
     InferenceWorker,
     InferenceWorkerStatus,
@@ -129,20 +131,36 @@ def _created(meta: Mapping[str, Any]) -> datetime | None:
 
 @dataclass(frozen=True, slots=True)
 class PolicyRecord:
-    """One DrainPolicy: its spec, or why it could not be parsed."""
+    """One DrainPolicy: its spec, or why it could not be parsed, and its status as seen."""
 
     name: str
     spec: DrainPolicySpec | None
     invalid: str | None = None
+    namespace: str = ""
+    generation: int | None = None
+    resource_version: int = 0
+    raw_status: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def key(self) -> Key:
+        """The policy's (namespace, name)."""
+        return (self.namespace, self.name)
 
 
 def policy_record(body: Mapping[str, Any]) -> PolicyRecord:
-    """Parse a DrainPolicy body into a record."""
+    """Parse a DrainPolicy body into a record; an invalid one keeps its parse problem."""
     parsed = parse(DrainPolicy, body)
-    name = str((body.get("metadata") or {}).get("name", ""))
-    if parsed.obj is None:
-        return PolicyRecord(name, None, parsed.message)
-    return PolicyRecord(name, parsed.obj.spec)
+    meta = body.get("metadata") or {}
+    generation = meta.get("generation")
+    return PolicyRecord(
+        name=str(meta.get("name", "")),
+        spec=parsed.obj.spec if parsed.obj is not None else None,
+        invalid=None if parsed.ok else parsed.message,
+        namespace=str(meta.get("namespace", "")),
+        generation=generation if isinstance(generation, int) else None,
+        resource_version=resource_version(body),
+        raw_status=dict(body.get("status") or {}),
+    )
 
 
 def checkpoint_record(body: Mapping[str, Any]) -> CheckpointState | None:
@@ -160,6 +178,7 @@ def checkpoint_record(body: Mapping[str, Any]) -> CheckpointState | None:
         reason=spec.reason,
         phase=status.phase,
         created_at=_created(meta),
+        started_at=status.started_at,
         completed_at=status.completed_at,
         location=status.location,
         epoch=status.epoch,
@@ -168,6 +187,10 @@ def checkpoint_record(body: Mapping[str, Any]) -> CheckpointState | None:
         driver=spec.driver,
         destination=spec.destination,
         resource_version=resource_version(body),
+        refused=any(
+            c.type is ConditionType.VALID and c.status is ConditionStatus.FALSE
+            for c in status.conditions
+        ),
     )
 
 

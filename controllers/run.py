@@ -13,6 +13,7 @@ import httpx
 
 from sessionfleet.api import parse_duration
 from sessionfleet.checkpoint.criu import AGENT_PORT
+from sessionfleet.cliargs import fraction, positive_int
 from sessionfleet.controllers.config import OperatorConfig
 from sessionfleet.resources.pods import EngineImages
 from sessionfleet.supervise import EXIT_TASK_FAILED, Supervisor
@@ -55,6 +56,20 @@ def add_parser(commands: Any) -> None:
         help="replace a worker whose node is NotReady this long (default 30s)",
     )
     parser.add_argument(
+        "--max-node-recoveries",
+        type=positive_int,
+        default=DEFAULTS.max_concurrent_node_recoveries,
+        help="most workers moved off NotReady nodes at once (default "
+        f"{DEFAULTS.max_concurrent_node_recoveries})",
+    )
+    parser.add_argument(
+        "--unhealthy-node-threshold",
+        type=fraction,
+        default=DEFAULTS.unhealthy_node_threshold,
+        help="beyond this share of NotReady nodes no worker is moved off one: likely a "
+        f"control-plane fault (default {DEFAULTS.unhealthy_node_threshold})",
+    )
+    parser.add_argument(
         "--resync",
         type=float,
         default=DEFAULTS.resync_seconds,
@@ -71,6 +86,13 @@ def add_parser(commands: Any) -> None:
         type=_duration,
         default=DEFAULTS.ack_timeout,
         help="longest a migration waits for every router replica to acknowledge (default 30s)",
+    )
+    parser.add_argument(
+        "--checkpoint-timeout",
+        type=_duration,
+        default=DEFAULTS.checkpoint_timeout,
+        help="longest a checkpoint runs before it is marked Failed; also how long a "
+        "Running one left by a restarted operator waits (default 15m)",
     )
     parser.add_argument(
         "--agent-token-file",
@@ -96,9 +118,12 @@ def _run(args: argparse.Namespace) -> int:
         kubeconfig=args.kubeconfig,
         idle_timeout=args.idle_timeout,
         node_not_ready_toleration=args.node_not_ready_toleration,
+        max_concurrent_node_recoveries=args.max_node_recoveries,
+        unhealthy_node_threshold=args.unhealthy_node_threshold,
         resync_seconds=args.resync,
         scrape_interval_seconds=args.scrape_interval,
         ack_timeout=args.ack_timeout,
+        checkpoint_timeout=args.checkpoint_timeout,
         metrics_port=args.metrics_port,
         health_port=args.health_port,
         images=EngineImages(vllm=args.vllm_image, sim=args.sim_image),

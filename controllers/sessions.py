@@ -27,7 +27,7 @@ from sessionfleet.controllers.fleet import Fleet
 from sessionfleet.controllers.records import WorkerRecord
 from sessionfleet.controllers.status import iso
 from sessionfleet.kube import SESSIONS, KubeError, NotFound
-from sessionfleet.policy.handshake import handshake
+from sessionfleet.policy.migration import MigrationAction, plan_migration
 from sessionfleet.policy.placement import PlacementRequest, place
 from sessionfleet.policy.sessions import (
     Action,
@@ -210,31 +210,57 @@ async def migrate_sessions(
     rebound without cache and its next turn's recomputation is counted by the router.
     """
     namespace = source.namespace
-    movable: list[tuple[SessionState, str, str]] = []
+    candidates = []
     for name in names:
         session = fleet.session(namespace, name)
         if session is None or session.worker != source.name or session.key in fleet.busy_sessions:
             continue
         if fleet.freshness.is_stale(session.key, session.resource_version):
             continue
-        if not await _turn_boundary(fleet, session, source.name, now):
-            continue
-        placement = place(
-            PlacementRequest(
-                model=session.model,
-                expected_tokens=session.context_tokens,
-                exclude=frozenset({source.name}),
-            ),
-            fleet.loads(namespace),
-        )
-        if placement.worker is None:
-            continue  # nowhere to go yet: the drain keeps holding until its deadline
-        fleet.ledger.add(session.key, placement.worker, session.context_tokens)
-        movable.append((session, placement.worker, placement.message))
+        candidates.append(session)
+    steps = plan_migration(
+        candidates,
+        source.name,
+        fleet.loads(namespace),
+        fleet.routers(),
+        now,
+        fleet.config.ack_timeout,
+    )
+    movable: list[tuple[SessionState, str, str]] = []
+    for step in steps:
+        session = step.session
+        if step.action is MigrationAction.START_HANDSHAKE:
+            await _mark_migrating(fleet, session, step.message, now)
+        elif step.action is MigrationAction.MOVE and step.target is not None:
+            if step.overdue:
+                log.warning(
+                    "session %s: routers %s did not acknowledge within %s; moving it anyway",
+                    session.key,
+                    ", ".join(step.overdue),
+                    fleet.config.ack_timeout,
+                )
+            fleet.ledger.add(session.key, step.target, session.context_tokens)
+            movable.append((session, step.target, step.message))
     if not movable:
         return
-    keys = {session.key for session, _, _ in movable}
-    fleet.busy_sessions.update(keys)
+    fleet.busy_sessions.update(session.key for session, _, _ in movable)
+    move = _move(fleet, source, worker, movable, through_checkpoint, now)
+    if through_checkpoint:
+        # A checkpoint can take minutes (criu: up to 15): never inside the loop's pass.
+        fleet.spawn(f"migration from {source.key}", move)
+    else:
+        await move
+
+
+async def _move(
+    fleet: Fleet,
+    source: WorkerRecord,
+    worker: InferenceWorker,
+    movable: list[tuple[SessionState, str, str]],
+    through_checkpoint: bool,
+    now: datetime,
+) -> None:
+    """Save the batch's sessions (when asked), import each into its target, rebind it."""
     try:
         saved = None
         if through_checkpoint:
@@ -243,49 +269,20 @@ async def migrate_sessions(
             loaded = saved is not None and await _load_into(fleet, saved, session, target)
             await _rebind(fleet, session, source.name, target, why, saved if loaded else None, now)
     finally:
-        fleet.busy_sessions.difference_update(keys)
+        fleet.busy_sessions.difference_update(session.key for session, _, _ in movable)
 
 
-async def _turn_boundary(fleet: Fleet, session: SessionState, source: str, now: datetime) -> bool:
-    """Whether the session is between turns on every router; start the handshake if not.
-
-    A Bound session is marked Migrating (routers hold its next turn); a Migrating one may
-    move once every live router replica has acknowledged, or after the bound wait.
-    """
-    if session.phase is not SessionPhase.MIGRATING or session.migrating_since is None:
-        await _patch_status(
-            fleet,
-            session,
-            {
-                "phase": SessionPhase.MIGRATING.value,
-                "migratingSince": iso(now),
-                "conditions": [
-                    _ready_condition(
-                        False,
-                        Reason.MIGRATING,
-                        f"worker {source} drains: turns are held until the routers acknowledge",
-                        now,
-                    )
-                ],
-            },
-        )
-        return False
-    state = handshake(
-        session.migrating_since,
-        iso(session.migrating_since) or "",
-        dict(session.acks),
-        fleet.routers(),
-        now,
-        fleet.config.ack_timeout,
+async def _mark_migrating(fleet: Fleet, session: SessionState, message: str, now: datetime) -> None:
+    """Start the turn-boundary handshake: routers hold the session's next turn and ack."""
+    await _patch_status(
+        fleet,
+        session,
+        {
+            "phase": SessionPhase.MIGRATING.value,
+            "migratingSince": iso(now),
+            "conditions": [_ready_condition(False, Reason.MIGRATING, message, now)],
+        },
     )
-    if state.timed_out:
-        log.warning(
-            "session %s: routers %s did not acknowledge within %s; moving it anyway",
-            session.key,
-            ", ".join(state.waiting_for),
-            fleet.config.ack_timeout,
-        )
-    return state.ready
 
 
 async def _save_for_migration(

@@ -8,6 +8,7 @@ there), so a restarted operator picks up where the last one stopped.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from datetime import datetime
@@ -26,9 +27,10 @@ from sessionfleet.api import (
 from sessionfleet.controllers import metrics
 from sessionfleet.controllers.checkpoints import create as create_checkpoint
 from sessionfleet.controllers.checkpoints import reconcile_checkpoints, worker_driver_of
-from sessionfleet.controllers.checkpoints import save as save_checkpoint
+from sessionfleet.controllers.checkpoints import start as start_checkpoint
+from sessionfleet.controllers.faults import reconciled_condition
 from sessionfleet.controllers.fleet import EngineStats, Fleet
-from sessionfleet.controllers.records import WorkerRecord
+from sessionfleet.controllers.records import Key, WorkerRecord
 from sessionfleet.controllers.sessions import migrate_sessions
 from sessionfleet.controllers.status import iso, merge_conditions, status_patch
 from sessionfleet.kube import PDBS, PODS, WORKERS, Conflict, KubeError, NotFound
@@ -50,7 +52,7 @@ def observe(
     pods = fleet.pods_of(record.key)
     epoch = max([record.status.epoch or 0, *(p.epoch for p in pods)])
     current = next((p for p in pods if p.epoch == epoch), None)
-    policies = {p.name: p.spec for p in fleet.policies_in(record.namespace) if p.spec is not None}
+    policies, invalid = fleet.policy_specs(record.namespace)
     pinned = [s for s in fleet.sessions_of(record.key) if s.pinned]
     return WorkerObservation(
         name=record.name,
@@ -59,7 +61,9 @@ def observe(
         pods=pods,
         node=fleet.node(current.node if current is not None else record.status.node),
         pinned=[PinnedSession(s.name) for s in pinned],
-        policy=resolve_policy(worker.metadata.labels, worker.spec.drain_policy_ref, policies),
+        policy=resolve_policy(
+            worker.metadata.labels, worker.spec.drain_policy_ref, policies, invalid
+        ),
         now=now,
         node_not_ready_toleration=fleet.config.node_not_ready_toleration,
     )
@@ -85,7 +89,10 @@ def desired_status(
     conditions: list[ConditionPlan] = [
         ConditionPlan(ConditionType.VALID, ConditionStatus.TRUE, Reason.PARSED, "spec accepted"),
         *plan.conditions,
+        reconciled_condition(fleet.faults.of(WORKERS, record.key)),
     ]
+    if record.key in fleet.stats and not recovering:
+        conditions.append(engine_metrics_condition(stats))
     usable = latest_usable(fleet.checkpoints_of(record.key))
     restores = record.status.restore_count or 0
     if plan.epoch != (record.status.epoch or 0) and plan.epoch > 1 and usable is not None:
@@ -124,6 +131,20 @@ def desired_status(
             worker.metadata.generation,
         ),
     }
+
+
+def engine_metrics_condition(stats: EngineStats) -> ConditionPlan:
+    """Return ``EngineMetrics``: False while the engine reports values that cannot be used."""
+    if stats.ignored:
+        return ConditionPlan(
+            ConditionType.ENGINE_METRICS,
+            ConditionStatus.FALSE,
+            Reason.NON_FINITE_METRICS,
+            "the engine reports NaN or infinite values, ignored: " + ", ".join(stats.ignored),
+        )
+    return ConditionPlan(
+        ConditionType.ENGINE_METRICS, ConditionStatus.TRUE, Reason.METRICS_READ, ""
+    )
 
 
 COUNTER_FIELDS = frozenset(
@@ -187,7 +208,12 @@ async def reconcile_worker(fleet: Fleet, record: WorkerRecord, now: datetime) ->
         await reconcile_invalid(fleet, record, now)
         return
     worker = record.worker
-    plan = plan_worker(observe(fleet, record, worker, now))
+    observation = observe(fleet, record, worker, now)
+    plan = plan_worker(observation)
+    if plan.recovery is Reason.NODE_NOT_READY:
+        block = fleet.node_gate.take()
+        if block is not None:
+            plan = plan_worker(dataclasses.replace(observation, recovery_block=block))
     desired = desired_status(fleet, record, worker, plan, now)
     patch = status_patch(record.raw_status, desired)
     if not worth_writing(fleet, record, patch):
@@ -238,19 +264,22 @@ async def _move_worker(
     drains = [
         c
         for c in fleet.checkpoints_of(record.key)
-        if c.reason is CheckpointReason.DRAIN and c.whole_worker and c.epoch in (None, epoch)
+        if c.reason is CheckpointReason.DRAIN
+        and c.whole_worker
+        and c.epoch in (None, epoch)
+        # Only the operator's own: a user's Drain checkpoint is refused, never run, and
+        # must not stand for "a save is under way" for ever.
+        and not c.refused
+        and (c.key in fleet.created_checkpoints or c.epoch is not None)
     ]
     if any(c.phase in (None, CheckpointPhase.PENDING, CheckpointPhase.RUNNING) for c in drains):
         return  # a save is under way
     if not drains and plan.migrate_through_checkpoint:
+        # Saved in the background; a later pass moves the pod once it has ended.
         created = await create_checkpoint(fleet, record, worker, CheckpointReason.DRAIN, now)
-        if created is None:
-            return
-        fleet.running_checkpoints.add(created.key)
-        try:
-            await save_checkpoint(fleet, created, now)
-        finally:
-            fleet.running_checkpoints.discard(created.key)
+        if created is not None:
+            start_checkpoint(fleet, created, now)
+        return
     log.info("worker %s: moving to another node (migration scope Worker)", record.key)
     await _delete_pod(fleet, record.namespace, plan.pod)
 
@@ -286,15 +315,40 @@ async def _delete_pod(fleet: Fleet, namespace: str, name: str) -> None:
         pass
 
 
+HOLD_WRITE_PATIENCE_SECONDS = 5.0
+"""A hold written this long ago and still not seen in the index is written again: the
+watch shows a write within milliseconds, and one removed before the watch ever showed
+it (deleted by hand at once) is put back after this long."""
+_ANNOTATION_HOLDS = frozenset(
+    {HoldMechanism.KARPENTER_DO_NOT_DISRUPT, HoldMechanism.CLUSTER_AUTOSCALER_SAFE_TO_EVICT}
+)
+
+
+def _needs_write(fleet: Fleet, what: str, key: Key, settled: bool) -> bool:
+    """Whether to write a hold for ``key``: it is not as wanted, and no write is on its way.
+
+    Level-triggered: the wanted holds are compared with what the indexes show, so a
+    PodDisruptionBudget or annotation removed by hand is put back on the next pass; a
+    write the watch has not shown yet is not repeated for a while.
+    """
+    entry = (what, key)
+    if settled:
+        fleet.hold_writes.pop(entry, None)
+        return False
+    written = fleet.hold_writes.get(entry)
+    return written is None or time.monotonic() - written >= HOLD_WRITE_PATIENCE_SECONDS
+
+
 async def _apply_holds(
     fleet: Fleet, record: WorkerRecord, worker: InferenceWorker, plan: WorkerPlan
 ) -> None:
-    """Put up or take down the PodDisruptionBudget and the pod annotations."""
+    """Make the PodDisruptionBudget and the pod annotations what the plan wants."""
     wanted = plan.holds
-    pdb = HoldMechanism.POD_DISRUPTION_BUDGET in wanted
-    if fleet.holds.get(record.key) != wanted:
+    want_pdb = HoldMechanism.POD_DISRUPTION_BUDGET in wanted
+    has_pdb = fleet.has_pdb(record.key)
+    if _needs_write(fleet, "pdb", record.key, settled=want_pdb == has_pdb):
         try:
-            if pdb:
+            if want_pdb:
                 await fleet.kube.create(PDBS, build_pdb(worker), record.namespace)
                 metrics.API_WRITES.labels("create", "poddisruptionbudgets").inc()
             else:
@@ -302,21 +356,25 @@ async def _apply_holds(
                 metrics.API_WRITES.labels("delete", "poddisruptionbudgets").inc()
         except (Conflict, NotFound):
             pass  # already as wanted
-        fleet.holds[record.key] = wanted
-    if plan.pod is None:
+        fleet.hold_writes[("pdb", record.key)] = time.monotonic()
+    pod = next((p for p in fleet.pods_of(record.key) if p.name == plan.pod), None)
+    if pod is None:
         return
-    if fleet.pod_holds.get(plan.pod) != wanted:
-        annotations = hold_annotations(
-            HoldMechanism.KARPENTER_DO_NOT_DISRUPT in wanted,
-            HoldMechanism.CLUSTER_AUTOSCALER_SAFE_TO_EVICT in wanted,
+    wanted_annotations = wanted & _ANNOTATION_HOLDS
+    pod_key = (record.namespace, pod.name)
+    if not _needs_write(fleet, "annotations", pod_key, settled=pod.holds == wanted_annotations):
+        return
+    annotations = hold_annotations(
+        HoldMechanism.KARPENTER_DO_NOT_DISRUPT in wanted,
+        HoldMechanism.CLUSTER_AUTOSCALER_SAFE_TO_EVICT in wanted,
+    )
+    try:
+        await fleet.kube.patch(
+            PODS, pod.name, {"metadata": {"annotations": annotations}}, record.namespace
         )
-        try:
-            await fleet.kube.patch(
-                PODS, plan.pod, {"metadata": {"annotations": annotations}}, record.namespace
-            )
-            metrics.API_WRITES.labels("patch", "pods").inc()
-            fleet.pod_holds[plan.pod] = wanted
-        except NotFound:
-            fleet.pod_holds.pop(plan.pod, None)
-        except KubeError as error:
-            log.warning("cannot annotate pod %s/%s: %s", record.namespace, plan.pod, error)
+        metrics.API_WRITES.labels("patch", "pods").inc()
+        fleet.hold_writes[("annotations", pod_key)] = time.monotonic()
+    except NotFound:
+        pass
+    except KubeError as error:
+        log.warning("cannot annotate pod %s/%s: %s", record.namespace, pod.name, error)

@@ -147,7 +147,17 @@ def crs(api: Any, namespace: str) -> Custom:
 @pytest.fixture
 def own_nodes(core: Any, namespace: str) -> Iterator[list[str]]:
     """Two fake GPU nodes only this test's workers may use (a taint keeps others off)."""
-    names = [f"{namespace}-n{i}"[:63] for i in range(2)]
+    yield from _own_nodes(core, namespace, 2)
+
+
+@pytest.fixture
+def three_own_nodes(core: Any, namespace: str) -> Iterator[list[str]]:
+    """Three such nodes, for tests that break most of a fleet's nodes at once."""
+    yield from _own_nodes(core, namespace, 3)
+
+
+def _own_nodes(core: Any, namespace: str, count: int) -> Iterator[list[str]]:
+    names = [f"{namespace}-n{i}"[:63] for i in range(count)]
     for name in names:
         node = gpu_node_manifest(name, 4)
         node["metadata"]["labels"]["e2e.sessionfleet.dev/pool"] = namespace

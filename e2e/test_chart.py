@@ -42,6 +42,7 @@ from e2e.operator import (
     Custom,
     OperatorProcess,
     condition,
+    drain_policy,
     free_port,
     session,
     sim_worker,
@@ -562,6 +563,15 @@ def test_operator_and_router_run_with_the_charts_service_accounts(
             "--subresource=status",
             ns,
         )
+        assert can_i(
+            kubectl,
+            as_operator,
+            "patch",
+            "drainpolicies.sessionfleet.dev",
+            "--subresource=status",
+            ns,
+        )
+        assert not can_i(kubectl, as_operator, "patch", "drainpolicies.sessionfleet.dev", ns)
         assert can_i(kubectl, as_operator, "watch", "nodes")
         assert not can_i(kubectl, as_operator, "delete", "nodes")
         assert not can_i(kubectl, as_operator, "get", "secrets", ns)
@@ -637,13 +647,20 @@ def test_operator_and_router_run_with_the_charts_service_accounts(
                 f"{router.log_tail()}"
             )
 
-        # The operator (its token only) starts a worker: pods, worker status.
+        # The operator (its token only) starts a worker: pods, worker status; and
+        # writes the status of the DrainPolicy that governs it (the built-in defaults).
+        crs.create(drain_policy("everything"))
         crs.create(sim_worker("w"))
         try:
             wait_until(
                 lambda: crs.status("inferenceworkers", "w").get("phase") == "Ready",
                 timeout=90,
                 what="worker w Ready",
+            )
+            wait_until(
+                lambda: crs.status("drainpolicies", "everything").get("workers") == ["w"],
+                timeout=30,
+                what="DrainPolicy everything's status listing w",
             )
         except AssertionError as error:
             raise AssertionError(fail(str(error))) from None
@@ -753,6 +770,7 @@ def test_operator_and_router_run_with_the_charts_service_accounts(
             ("delete", "poddisruptionbudgets"),
             ("patch", "inferenceworkers/status"),
             ("patch", "agentsessions/status"),
+            ("patch", "drainpolicies/status"),
             ("delete", "agentsessions"),
         ):
             assert f'resource="{resource}",verb="{verb}"' in writes, (verb, resource, writes)

@@ -246,6 +246,47 @@ def test_drain_policy(obj: dict[str, Any], expected: str, says: str) -> None:
     assert says in message
 
 
+def test_drain_policy_health_reads_the_status_the_operator_writes() -> None:
+    # The statuses come from the operator's own code, so the script and the writer agree
+    # on every field: matchedWorkers, activeDrains, observedGeneration, Valid, Conflict.
+    from datetime import UTC, datetime
+
+    from sessionfleet.api import DrainPolicySpec
+    from sessionfleet.controllers.policies import desired_status
+    from sessionfleet.controllers.records import PolicyRecord
+    from sessionfleet.policy.policies import WorkerView, plan_policy_statuses
+
+    now = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+    pool_a = DrainPolicySpec.model_validate({"selector": {"matchLabels": {"pool": "a"}}})
+    plans = plan_policy_statuses(
+        {"p": pool_a, "all": DrainPolicySpec()},
+        [
+            WorkerView("w1", {"pool": "b"}, reference="p"),
+            WorkerView("w2", {"pool": "b"}, reference="p", draining=True),
+            WorkerView("wa", {"pool": "a"}),
+            WorkerView("wx", {}, reference="broken"),
+        ],
+        {"broken": "spec: gracePeriod must not be longer than deadline"},
+    )
+
+    def written(name: str) -> dict[str, Any]:
+        record = PolicyRecord(name, None, namespace="ns", generation=1)
+        status = desired_status(record, plans[name], now)
+        return policy({k: v for k, v in status.items() if v is not None})
+
+    assert health("DrainPolicy", written("p")) == (
+        "Degraded",
+        "PolicyConflict: DrainPolicy all also selects worker(s) wa: they drain under the "
+        "built-in default until their spec.drainPolicyRef names one policy or the selectors "
+        "are narrowed",
+    )
+    status, message = health("DrainPolicy", written("broken"))
+    assert status == "Degraded"
+    assert message.startswith("InvalidSpec: spec: gracePeriod must not be longer than deadline")
+    plans["p"] = plan_policy_statuses({"p": pool_a}, [WorkerView("w", {}, "p", draining=True)])["p"]
+    assert health("DrainPolicy", written("p")) == ("Healthy", "Selects 1 worker(s), 1 draining")
+
+
 def checkpoint(status: dict[str, Any] | None) -> dict[str, Any]:
     body: dict[str, Any] = {
         "apiVersion": "sessionfleet.dev/v1alpha1",

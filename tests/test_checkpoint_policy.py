@@ -88,8 +88,42 @@ def test_retention_keeps_the_newest_and_spares_manual_and_running() -> None:
     assert retention_victims(checkpoints, 10) == []
 
 
+def test_retention_orders_a_checkpoint_without_timestamps_as_the_oldest() -> None:
+    # No completedAt and no creationTimestamp: it sorted under a naive datetime.min,
+    # which cannot be compared with the others' times (TypeError before, found by
+    # tests/test_crd_properties.py).
+    undated = CheckpointState(
+        "ns", "undated", "w", CheckpointReason.PERIODIC, CheckpointPhase.FAILED
+    )
+    assert retention_victims([cp("a", 40), undated, cp("b", 30)], 2) == ["undated"]
+
+
 def test_location_and_name() -> None:
     assert checkpoint_location("/ckpt/", "ns", "w", "n", None) == "/ckpt/ns/w/n"
     assert checkpoint_location("/ckpt", "ns", "w", "n", "/elsewhere") == "/elsewhere"
     name = checkpoint_name("w", CheckpointReason.PERIODIC, 3, NOW)
     assert name == "w-periodic-e3-20261129-120000"
+
+
+def test_a_running_checkpoint_nobody_runs_is_abandoned_after_the_timeout() -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from sessionfleet.api import CheckpointPhase, CheckpointReason
+    from sessionfleet.policy.checkpoint import CheckpointState, abandoned
+
+    now = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+    timeout = timedelta(minutes=15)
+
+    def state(phase: CheckpointPhase | None, started_minutes_ago: float | None) -> CheckpointState:
+        started = (
+            None if started_minutes_ago is None else now - timedelta(minutes=started_minutes_ago)
+        )
+        return CheckpointState("ns", "c", "w", CheckpointReason.PERIODIC, phase, started_at=started)
+
+    running = CheckpointPhase.RUNNING
+    assert abandoned(state(running, 16), running_here=False, now=now, timeout=timeout)
+    assert not abandoned(state(running, 5), running_here=False, now=now, timeout=timeout)
+    assert not abandoned(state(running, 60), running_here=True, now=now, timeout=timeout)
+    assert abandoned(state(running, None), running_here=False, now=now, timeout=timeout)
+    for phase in (None, CheckpointPhase.PENDING, CheckpointPhase.SUCCEEDED):
+        assert not abandoned(state(phase, 60), running_here=False, now=now, timeout=timeout)

@@ -103,3 +103,78 @@ vllm:num_requests_waiting{model_name="m"} 1.0
 def test_deprecated_metric_names_alone_give_no_figures() -> None:
     stats = parse_engine_metrics("vllm:gpu_cache_usage_perc 0.5\n")
     assert stats.kv_usage is None
+
+
+def test_non_finite_engine_metrics_are_ignored_and_named() -> None:
+    text = """vllm:kv_cache_usage_perc{model_name="m"} NaN
+vllm:num_requests_running{model_name="m"} +Inf
+vllm:num_requests_waiting{model_name="m"} 2.0
+vllm:prefix_cache_hits_total{model_name="m"} -Inf
+vllm:prefix_cache_queries_total{model_name="m"} 10.0
+"""
+    stats = parse_engine_metrics(text)
+    assert stats.kv_usage is None and stats.running is None and stats.prefix_hits is None
+    assert stats.waiting == 2 and stats.prefix_queries == 10.0
+    assert stats.ignored == (
+        "vllm:kv_cache_usage_perc",
+        "vllm:num_requests_running",
+        "vllm:prefix_cache_hits_total",
+    )
+    # Out-of-range usage is clamped: a status percentage stays within 0-100.
+    assert parse_engine_metrics("vllm:kv_cache_usage_perc 7.5\n").kv_usage == 1.0
+
+
+async def test_one_failing_job_is_recorded_and_stops_no_other() -> None:
+    from datetime import UTC, datetime
+
+    from sessionfleet.controllers.faults import Faults, Job, run_isolated
+    from sessionfleet.kube import SESSIONS, WORKERS, Conflict
+
+    faults = Faults()
+    recorded: list[tuple[str, str]] = []
+    ran: list[str] = []
+
+    async def record(job: Job, message: str, _now: datetime) -> None:
+        recorded.append((job.key[1], message))
+
+    async def breaks() -> None:
+        raise ValueError("cannot convert float NaN to integer")
+
+    async def conflicts() -> None:
+        raise Conflict(409, "the object has been modified")
+
+    async def works() -> None:
+        ran.append("fine")
+
+    now = datetime.now(UTC)
+    for job in (
+        Job(WORKERS, ("ns", "nan-worker"), breaks),
+        Job(WORKERS, ("ns", "racing"), conflicts),
+        Job(SESSIONS, ("ns", "fine"), works),
+    ):
+        await run_isolated(job, faults, record, now)
+    assert ran == ["fine"]
+    assert recorded == [("nan-worker", "ValueError: cannot convert float NaN to integer")]
+    assert faults.of(WORKERS, ("ns", "nan-worker")) == recorded[0][1]
+    assert faults.of(WORKERS, ("ns", "racing")) is None  # a 409 is not a fault
+    # Logged once while the same failure repeats; cleared by a clean run.
+    assert faults.failed(WORKERS, ("ns", "nan-worker"), recorded[0][1]) is False
+    await run_isolated(Job(WORKERS, ("ns", "nan-worker"), works), faults, record, now)
+    assert faults.of(WORKERS, ("ns", "nan-worker")) is None
+
+
+def test_fault_messages_are_one_bounded_line() -> None:
+    from sessionfleet.controllers.faults import MAX_MESSAGE_CHARS, describe, with_condition
+    from sessionfleet.controllers.faults import reconciled_condition as reconciled
+
+    assert describe(RuntimeError("a\nb")) == "RuntimeError: a b"
+    assert len(describe(RuntimeError("x" * 5000))) == MAX_MESSAGE_CHARS
+    from datetime import UTC, datetime
+
+    now = datetime.now(UTC)
+    existing = [{"type": "Ready", "status": "True"}, {"type": "Reconciled", "status": "True"}]
+    merged = with_condition(existing, reconciled("RuntimeError: boom"), now)
+    assert [(c["type"], c["status"]) for c in merged] == [
+        ("Ready", "True"),
+        ("Reconciled", "False"),
+    ]

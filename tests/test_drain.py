@@ -92,6 +92,28 @@ def test_resolve_policy(
         assert "a, all" in choice.message
 
 
+def test_a_reference_to_an_invalid_policy_says_it_is_invalid_not_missing() -> None:
+    problem = "spec: gracePeriod must not be longer than deadline"
+    choice = resolve_policy({"pool": "a"}, "broken", {"a": POOL_A}, {"broken": problem})
+    assert (choice.name, choice.reason, choice.spec) == (
+        None,
+        Reason.POLICY_INVALID,
+        DEFAULT_POLICY,
+    )
+    assert choice.message == (
+        f"DrainPolicy broken is invalid: {problem}; using the built-in default"
+    )
+    # Without the invalid ones, the same reference reads as missing.
+    assert resolve_policy({}, "broken", {"a": POOL_A}).reason is Reason.POLICY_NOT_FOUND
+    # An invalid policy selects nothing: the valid one alone governs the worker.
+    assert resolve_policy({"pool": "a"}, None, {"a": POOL_A}, {"b": problem}).name == "a"
+
+
+def test_a_conflict_names_the_policies() -> None:
+    choice = resolve_policy({"pool": "a"}, None, {"a": POOL_A, "all": EVERYTHING})
+    assert choice.conflicting == ("a", "all")
+
+
 def test_default_policy_fits_eks() -> None:
     assert DEFAULT_POLICY.mode.value == "WaitThenMigrate"
     assert DEFAULT_POLICY.deadline == "10m" and DEFAULT_POLICY.grace_period == "2m"

@@ -8,7 +8,12 @@ import pytest
 
 from sessionfleet.api import Reason, WorkerPhase
 from sessionfleet.policy.observed import NodeState, PodState, node_state, pod_state
-from sessionfleet.policy.recovery import pod_phase, recovery_backoff, recovery_reason
+from sessionfleet.policy.recovery import (
+    node_recovery_gate,
+    pod_phase,
+    recovery_backoff,
+    recovery_reason,
+)
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 RUNNING = PodState("w-1", 1, "Running", scheduled=True, ready=True, node="n1", pod_ip="127.1.0.2")
@@ -95,3 +100,32 @@ def test_node_state_from_a_body() -> None:
 )
 def test_recovery_backoff_doubles_up_to_five_minutes(failures: int, seconds: int) -> None:
     assert recovery_backoff(failures) == timedelta(seconds=seconds)
+
+
+def nodes(ready: int, not_ready: int) -> list[NodeState]:
+    return [NodeState(f"r{i}", ready=True) for i in range(ready)] + [
+        NodeState(f"n{i}", ready=False, not_ready_since=NOW) for i in range(not_ready)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("ready", "not_ready", "moving", "allowed"),
+    [
+        (3, 0, 0, 2),  # nothing NotReady: the full budget
+        (2, 1, 0, 2),  # one of three NotReady: a lost node, move its workers
+        (2, 1, 1, 1),  # one worker already moving
+        (2, 1, 5, 0),  # the budget is spent
+        (1, 2, 0, 0),  # two of three NotReady (67% > 55%): a control-plane blip, move none
+        (0, 1, 0, 2),  # a single node alone is never called a blip
+    ],
+)
+def test_node_recovery_gate(ready: int, not_ready: int, moving: int, allowed: int) -> None:
+    gate = node_recovery_gate(nodes(ready, not_ready), moving, max_concurrent=2)
+    granted = [gate.take() for _ in range(4)]
+    assert sum(1 for block in granted if block is None) == allowed
+    refused = [block for block in granted if block is not None]
+    if ready and not_ready >= 2:
+        assert refused[0].reason is Reason.DISRUPTION_THRESHOLD
+        assert "2 of 3 nodes are NotReady" in refused[0].message
+    elif refused:
+        assert refused[0].reason is Reason.RECOVERY_CAPPED

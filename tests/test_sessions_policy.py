@@ -107,6 +107,17 @@ def test_finished_sessions_are_deleted_after_their_ttl() -> None:
     assert decide_session(finished, READY, NOW + timedelta(seconds=10)).action is Action.DELETE
 
 
+@pytest.mark.parametrize("finished_at", ["9999-12-31T23:59:59Z", "9999-12-31T23:59:59-23:59"])
+def test_a_finish_time_at_the_end_of_the_calendar_never_expires(finished_at: str) -> None:
+    # The CRD's date-time accepts any year up to 9999; the TTL would carry it past the
+    # calendar's end (OverflowError before, found by tests/test_crd_properties.py).
+    finished = replace(
+        BOUND, phase=SessionPhase.FINISHED, finished_at=datetime.fromisoformat(finished_at)
+    )
+    decision = decide_session(finished, READY, NOW)
+    assert (decision.action, decision.recheck_at) == (Action.NOTHING, None)
+
+
 def test_pinned_and_context_estimate() -> None:
     assert BOUND.pinned and not NEW.pinned
     assert not replace(BOUND, phase=SessionPhase.FINISHED).pinned

@@ -18,6 +18,7 @@ from sessionfleet.api import (
 )
 from sessionfleet.policy.drain import DEFAULT_POLICY, PinnedSession, PolicyChoice
 from sessionfleet.policy.observed import NodeState, PodState
+from sessionfleet.policy.recovery import RecoveryBlock
 from sessionfleet.policy.worker import WorkerObservation, WorkerPlan, plan_worker
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
@@ -40,6 +41,7 @@ def observe(
     spec: InferenceWorkerSpec = SPEC,
     policy: PolicyChoice = DEFAULT_CHOICE,
     now: datetime = NOW,
+    recovery_block: RecoveryBlock | None = None,
 ) -> WorkerPlan:
     return plan_worker(
         WorkerObservation(
@@ -51,6 +53,7 @@ def observe(
             pinned=[PinnedSession(f"s{i}") for i in range(pinned)],
             policy=policy,
             now=now,
+            recovery_block=recovery_block,
         )
     )
 
@@ -102,6 +105,22 @@ def test_a_node_not_ready_beyond_toleration_moves_the_worker() -> None:
     node = NodeState("n1", ready=False, not_ready_since=NOW - timedelta(minutes=5))
     plan = observe({"epoch": 1, "pod": "w-1", "phase": "Ready"}, [ready_pod()], node)
     assert (plan.epoch, plan.recovery) == (2, Reason.NODE_NOT_READY)
+
+
+@pytest.mark.parametrize("reason", [Reason.RECOVERY_CAPPED, Reason.DISRUPTION_THRESHOLD])
+def test_a_blocked_node_recovery_keeps_the_worker_and_says_why(reason: Reason) -> None:
+    node = NodeState("n1", ready=False, not_ready_since=NOW - timedelta(minutes=5))
+    block = RecoveryBlock(reason, "3 of 4 nodes are NotReady")
+    plan = observe(
+        {"epoch": 1, "pod": "w-1", "phase": "Ready"}, [ready_pod()], node, recovery_block=block
+    )
+    assert (plan.epoch, plan.recovery, plan.create_pod, plan.delete_pods) == (1, None, False, ())
+    assert condition(plan, ConditionType.RECOVERING) == ("False", reason)
+    assert [c.type for c in plan.conditions].count(ConditionType.RECOVERING) == 1
+    # A failed pod is replaced whatever the gate says: the block is for NotReady nodes.
+    failed = ready_pod(phase="Failed")
+    plan = observe({"epoch": 1, "pod": "w-1"}, [failed], node, recovery_block=block)
+    assert plan.recovery is Reason.POD_FAILED and plan.epoch == 2
 
 
 def test_recovering_lasts_until_the_new_pod_is_ready() -> None:

@@ -14,7 +14,7 @@ WorkerCheckpoint controller makes — measure:
 Run: ``PYTHONSAFEPATH=1 .venv/bin/python bench/checkpoint/run.py`` (about 10 s).
 The simulated engine stores block hashes, not KV tensors, so its sizes are those of
 the snapshot format; the real KV of the same prefix is about 3.8 GB per 100K tokens
-(FACTS.md), shown beside them for scale.
+(docs/background.md, "Agentic workloads"), shown beside them for scale.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from sessionfleet.engines.sim.server import build_app
 from sessionfleet.workload import CHARS_PER_TOKEN
 
 MODEL = "bench"
-KV_BYTES_PER_TOKEN = 3.8e9 / 100_000  # FACTS.md: ~3.8 GB of KV per 100K-token context
+KV_BYTES_PER_TOKEN = 3.8e9 / 100_000  # docs/background.md: ~3.8 GB of KV per 100K tokens
 REPEATS = 5
 
 

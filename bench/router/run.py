@@ -11,7 +11,7 @@ vegeta (installed from the Go module proxy into ~/.cache/sessionfleet/bench-tool
 
 * closed loop at concurrency 1, 16 and 64: throughput, and latency percentiles;
 * open loop at fixed rates: latency percentiles without the queueing a saturated closed
-  loop adds (FACTS.md: on 2 shared cores a closed loop at 16 or 64 saturates the CPU,
+  loop adds (docs/background.md: on 2 shared cores a closed loop at 16 or 64 saturates the CPU,
   and its latency is then concurrency / throughput, which says nothing about the
   router's own cost).
 

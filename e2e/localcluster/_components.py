@@ -1,6 +1,6 @@
 """Command lines of the control-plane components (pure functions, no I/O).
 
-The flags follow ``shared/CONTROL-PLANE.md``: loopback addresses only, a loopback
+The flags follow e2e/README.md, "The cluster": loopback addresses only, a loopback
 Service range and pod CIDR, RBAC + Node authorization, service-account token signing,
 and the controller manager's controllers minus the cloud and IPAM ones.
 """

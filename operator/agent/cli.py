@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from sessionfleet.checkpoint.criu import AGENT_PORT
 from sessionfleet.checkpoint.paths import DEFAULT_STORAGE_ROOT
+from sessionfleet.cliargs import port
 
 if TYPE_CHECKING:
     from sessionfleet.agent.server import AgentSettings
@@ -45,16 +46,6 @@ def _seconds(text: str) -> float:
     return value
 
 
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
-    if not 1 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"must be from 1 to 65535, not {value}")
-    return value
-
-
 def _absolute_path(text: str) -> Path:
     if not text.startswith("/"):
         raise argparse.ArgumentTypeError(f"must be an absolute path, not {text!r}")
@@ -72,7 +63,7 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     parser.add_argument("--host", default="0.0.0.0", help="address to bind (default: 0.0.0.0)")
     parser.add_argument(
         "--port",
-        type=_port,
+        type=port,
         default=AGENT_PORT,
         help=f"port to bind; the operator reaches the agent on its node's InternalIP at this "
         f"port, a hostPort in the chart (default: {AGENT_PORT})",

@@ -19,15 +19,19 @@ from sessionfleet.api._common import (
     LabelSelector,
     ObjectMeta,
     Reason,
+    format_duration,
     parse_duration,
 )
 from sessionfleet.api._resource import CustomResource, KindInfo, PrinterColumn
 from sessionfleet.api.checkpoint import (
+    OPERATOR_REASONS,
     CheckpointPhase,
     CheckpointReason,
     WorkerCheckpoint,
     WorkerCheckpointSpec,
     WorkerCheckpointStatus,
+    destination_problem,
+    reserved_reason_problem,
 )
 from sessionfleet.api.drainpolicy import (
     DeadlineAction,
@@ -60,6 +64,7 @@ __all__ = [
     "GROUP",
     "KINDS",
     "KINDS_BY_NAME",
+    "OPERATOR_REASONS",
     "VERSION",
     "AgentSession",
     "AgentSessionSpec",
@@ -98,6 +103,9 @@ __all__ = [
     "WorkerCheckpointSpec",
     "WorkerCheckpointStatus",
     "WorkerPhase",
+    "destination_problem",
+    "format_duration",
     "parse",
     "parse_duration",
+    "reserved_reason_problem",
 ]

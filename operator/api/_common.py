@@ -17,12 +17,14 @@ from enum import StrEnum
 from typing import Annotated, Any, ClassVar, Final, Self
 
 from pydantic import (
+    AfterValidator,
     AliasGenerator,
     BaseModel,
     ConfigDict,
     Field,
     GetJsonSchemaHandler,
     StringConstraints,
+    WithJsonSchema,
     model_validator,
 )
 from pydantic.alias_generators import to_camel
@@ -84,8 +86,17 @@ class ConditionType(DescribedEnum):
     DRAINING = "Draining", "A drain of the worker is in progress."
     DRAIN_HELD = "DrainHeld", "Eviction of the worker's pod is blocked because sessions are pinned."
     RECOVERING = "Recovering", "The worker's pod is being replaced by a new epoch."
-    CHECKPOINTED = "Checkpointed", "A usable checkpoint of the worker exists."
-    CONFLICT = "Conflict", "More than one DrainPolicy selects the same worker."
+    CHECKPOINTED = (
+        "Checkpointed",
+        "A usable checkpoint exists: on a worker, its newest; on a WorkerCheckpoint, this one.",
+    )
+    CONFLICT = (
+        "Conflict",
+        "A DrainPolicy cannot be applied as written: several select the same worker, or the "
+        "one a worker references is missing or invalid.",
+    )
+    RECONCILED = "Reconciled", "The operator could act on the object; False says what failed."
+    ENGINE_METRICS = "EngineMetrics", "The engine's metrics could be read and used."
 
 
 class Reason(DescribedEnum):
@@ -125,9 +136,46 @@ class Reason(DescribedEnum):
     DRAINED = "Drained", "No session is pinned to the worker any more."
     POLICY_CONFLICT = "PolicyConflict", "Several DrainPolicies select this worker."
     POLICY_NOT_FOUND = "PolicyNotFound", "The referenced DrainPolicy does not exist."
+    POLICY_INVALID = (
+        "PolicyInvalid",
+        "The referenced DrainPolicy exists but its spec could not be parsed; the message says why.",
+    )
     CHECKPOINT_SUCCEEDED = "CheckpointSucceeded", "The checkpoint was written."
     CHECKPOINT_FAILED = "CheckpointFailed", "The checkpoint could not be written."
-    DRIVER_UNSUPPORTED = "DriverUnsupported", "The checkpoint driver cannot run on this node."
+    DRIVER_UNSUPPORTED = (
+        "DriverUnsupported",
+        "The checkpoint driver cannot run here (driver none, a driver this operator lacks, or "
+        "a node without what it needs); nothing was attempted.",
+    )
+    RESERVED_CHECKPOINT_REASON = (
+        "ReservedCheckpointReason",
+        "A WorkerCheckpoint the operator did not create has reason Drain or Periodic, "
+        "which only the operator sets: it is marked Failed and never run.",
+    )
+    DESTINATION_OUTSIDE_STORAGE = (
+        "DestinationOutsideStorage",
+        "A WorkerCheckpoint's destination is not inside <storage.path>/<namespace>/ of its "
+        "worker: it is marked Failed and never run.",
+    )
+    RECONCILE_ERROR = (
+        "ReconcileError",
+        "Acting on the object failed; the message says how. Other objects are unaffected.",
+    )
+    RECONCILE_SUCCEEDED = "ReconcileSucceeded", "The last pass acted on the object without error."
+    METRICS_READ = "MetricsRead", "The engine's metrics were read."
+    NON_FINITE_METRICS = (
+        "NonFiniteMetrics",
+        "The engine reported NaN or infinite values; they are ignored.",
+    )
+    RECOVERY_CAPPED = (
+        "RecoveryCapped",
+        "The most workers allowed to recover at once are recovering: this one waits its turn.",
+    )
+    DISRUPTION_THRESHOLD = (
+        "DisruptionThreshold",
+        "Too many nodes are NotReady at once (more likely a control-plane or network fault "
+        "than lost nodes): workers are not moved.",
+    )
 
 
 class EngineType(DescribedEnum):
@@ -148,15 +196,25 @@ class CheckpointDriver(DescribedEnum):
 
 # --- scalar types -------------------------------------------------------------------
 
-DURATION_PATTERN = r"^([0-9]+h)?([0-9]+m)?([0-9]+s)?$"
+# At most six digits per number: the largest a pattern-valid duration can be,
+# 999999h999999m999999s (about 116 years), stays far inside Go's time.Duration (about
+# 292 years), which Kubernetes CEL's duration() parses into; a longer number would
+# overflow there (and in timedelta) instead of being refused.
+DURATION_PATTERN = r"^([0-9]{1,6}h)?([0-9]{1,6}m)?([0-9]{1,6}s)?$"
+DURATION_MAX_LENGTH = 16
 _DURATION_PARTS = re.compile(r"([0-9]+)([hms])")
 _UNIT_SECONDS = {"h": 3600, "m": 60, "s": 1}
+MAX_DURATION: Final = timedelta(days=365)
+"""The longest duration :func:`parse_duration` accepts: no field or flag means more."""
 
 Duration = Annotated[
     str,
-    StringConstraints(pattern=DURATION_PATTERN, min_length=2, max_length=16),
+    StringConstraints(pattern=DURATION_PATTERN, min_length=2, max_length=DURATION_MAX_LENGTH),
     Field(
-        description="A duration such as 90s, 30m or 1h30m (hours, minutes and seconds).",
+        description=(
+            "A duration such as 90s, 30m or 1h30m (hours, minutes and seconds, "
+            "at most six digits each)."
+        ),
         examples=["90s", "30m", "1h30m"],
     ),
 ]
@@ -164,11 +222,125 @@ Duration = Annotated[
 
 
 def parse_duration(text: str) -> timedelta:
-    """Return the :class:`timedelta` for a :data:`Duration` string such as ``1h30m``."""
-    if not text or re.fullmatch(DURATION_PATTERN, text) is None:
-        raise ValueError(f"not a duration: {text!r} (expected forms such as 90s, 30m, 1h30m)")
+    """Return the :class:`timedelta` for a :data:`Duration` string such as ``1h30m``.
+
+    :class:`ValueError` for anything else, and for a duration longer than
+    :data:`MAX_DURATION` (a year): no setting is meant to be longer, and an absurd one
+    such as ``999999h`` is a mistake, not a wish.
+    """
+    if (
+        not isinstance(text, str)
+        or not 2 <= len(text) <= DURATION_MAX_LENGTH
+        or re.fullmatch(DURATION_PATTERN, text) is None
+    ):
+        raise ValueError(
+            f"not a duration: {str(text)[:40]!r} (expected forms such as 90s, 30m, 1h30m, "
+            "with at most six digits per number)"
+        )
     seconds = sum(int(n) * _UNIT_SECONDS[unit] for n, unit in _DURATION_PARTS.findall(text))
+    if seconds > MAX_DURATION.total_seconds():
+        raise ValueError(
+            f"duration {text} is longer than the most accepted, "
+            f"{format_duration(MAX_DURATION)} (365 days)"
+        )
     return timedelta(seconds=seconds)
+
+
+def format_duration(value: timedelta) -> str:
+    """Write a whole-second :class:`timedelta` as a :data:`Duration`: ``1h30m``, ``90s``."""
+    seconds = int(value.total_seconds())
+    if seconds < 0:
+        raise ValueError(f"a duration is not negative: {value}")
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    text = (f"{hours}h" if hours else "") + (f"{minutes}m" if minutes else "")
+    return text + (f"{secs}s" if secs or not text else "")
+
+
+# --- paths --------------------------------------------------------------------------
+
+# One path segment: printable ASCII other than '/', '%' and backslash (nothing on the way
+# decodes a path, so an encoded '..' would only be a strange name; refusing the
+# characters keeps the path shown the path used, as the node agent's checked_path
+# does), and neither '.' nor '..'. Written without look-arounds: Kubernetes checks
+# CRD patterns with Go's RE2.
+_SEGMENT_CHAR = r"[\x20-\x24\x26-\x2d\x30-\x5b\x5d-\x7e]"  # no '.', '/', '%', '\'
+_SEGMENT_CHAR_OR_DOT = r"[\x20-\x24\x26-\x2e\x30-\x5b\x5d-\x7e]"
+_SEGMENT = (
+    rf"(?:{_SEGMENT_CHAR}{_SEGMENT_CHAR_OR_DOT}*"
+    rf"|\.{_SEGMENT_CHAR}{_SEGMENT_CHAR_OR_DOT}*"
+    rf"|\.\.{_SEGMENT_CHAR_OR_DOT}+)"
+)
+ABSOLUTE_PATH_PATTERN = rf"^(?:/{_SEGMENT})+$"
+"""An absolute path below ``/``: no ``.`` or ``..`` segment, no ``//``, no trailing ``/``."""
+PATH_MAX_LENGTH = 1024
+
+_PATH_TEXT = re.compile(r"[\x20-\x24\x26-\x5b\x5d-\x7e]*")
+
+
+def absolute_path_problem(text: str) -> str | None:
+    """Return what is wrong with ``text`` as an :data:`AbsolutePath`, in words, or ``None``.
+
+    The same rules as :data:`ABSOLUTE_PATH_PATTERN` (the CRD's), with a reason a
+    person can act on instead of the pattern.
+    """
+    if not text.startswith("/"):
+        return "must be an absolute path, starting with '/'"
+    if text == "/":
+        return "must not be '/' itself"
+    if len(text) > PATH_MAX_LENGTH:
+        return f"must be at most {PATH_MAX_LENGTH} characters"
+    if not _PATH_TEXT.fullmatch(text):
+        return "may hold only printable ASCII characters other than '%' and '\\'"
+    segments = text.split("/")[1:]
+    if "" in segments:
+        return "must have no empty segment: no '//' and no trailing '/'"
+    if "." in segments or ".." in segments:
+        return "must have no '.' or '..' segment"
+    return None
+
+
+def _check_absolute_path(text: str) -> str:
+    problem = absolute_path_problem(text)
+    if problem is not None:
+        raise ValueError(f"{problem}: {text[:80]!r}")
+    return text
+
+
+AbsolutePath = Annotated[
+    str,
+    AfterValidator(_check_absolute_path),
+    WithJsonSchema(
+        {
+            "type": "string",
+            "pattern": ABSOLUTE_PATH_PATTERN,
+            "minLength": 2,
+            "maxLength": PATH_MAX_LENGTH,
+        }
+    ),
+    Field(
+        description=(
+            "An absolute directory path of at most 1024 printable ASCII characters: "
+            "no '.' or '..' segment, no empty segment ('//'), no trailing '/', "
+            "no '%' or '\\'; '/' alone is refused."
+        ),
+        examples=["/var/lib/sessionfleet/checkpoints"],
+    ),
+]
+"""A normalised absolute path: the lexical form is the path the operator and agent use.
+
+The model checks it with :func:`absolute_path_problem` (a message in words); the CRD
+carries the equivalent :data:`ABSOLUTE_PATH_PATTERN`.
+"""
+
+
+def path_inside(path: str, root: str) -> bool:
+    """Whether the :data:`AbsolutePath` ``path`` lies strictly below ``root`` (lexically).
+
+    Both are normalised by their pattern (no ``.``, ``..``, ``//`` or trailing ``/``),
+    so comparing segment prefixes is exact; symlinks are the node agent's to resolve.
+    """
+    return path.startswith(root.rstrip("/") + "/")
 
 
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
@@ -226,6 +398,47 @@ def _emit_cel_rules(schema: dict[str, Any], model: type[Any]) -> None:
     rules = getattr(model, "cel_rules", ())
     if rules:
         schema["x-kubernetes-validations"] = [rule.to_schema() for rule in rules]
+
+
+@dataclass(frozen=True)
+class DurationBounds:
+    """The shortest and longest values of one :data:`Duration` field, and why.
+
+    :meth:`rule` declares them as a CEL rule of the model holding the field (with a
+    ``has()`` guard: the API server also checks a model's rules against the CRD's
+    ``default: {}``, before nested defaults are filled in), and its Python ``check``
+    makes the model refuse what the API server refuses.
+    """
+
+    minimum: timedelta
+    maximum: timedelta
+    why: str = ""
+
+    def contains(self, text: str | None) -> bool:
+        """Whether ``text`` (a duration, or unset) is within the bounds."""
+        if text is None:
+            return True
+        try:
+            return self.minimum <= parse_duration(text) <= self.maximum
+        except ValueError:
+            return False
+
+    def describe(self) -> str:
+        """Return ``between 1m and 168h``, for descriptions and messages."""
+        return f"between {format_duration(self.minimum)} and {format_duration(self.maximum)}"
+
+    def rule(self, json_name: str, attribute: str) -> CelRule:
+        """Return the CEL rule of the model with the field ``json_name`` (Python: ``attribute``)."""
+        low, high = format_duration(self.minimum), format_duration(self.maximum)
+        value = f"duration(self.{json_name})"
+        why = f": {self.why}" if self.why else ""
+        return CelRule(
+            rule=f"!has(self.{json_name}) || "
+            f"({value} >= duration('{low}') && {value} <= duration('{high}'))",
+            message=f"{json_name} must be {self.describe()}{why}",
+            field_path=f".{json_name}",
+            check=lambda model: self.contains(getattr(model, attribute)),
+        )
 
 
 # --- base models --------------------------------------------------------------------

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, ClassVar, Literal
+from typing import ClassVar, Final, Literal
 
-from pydantic import Field, StringConstraints
+from pydantic import Field
 
 from sessionfleet.api._common import (
+    AbsolutePath,
     ApiModel,
     CelRule,
     CheckpointDriver,
@@ -15,6 +16,7 @@ from sessionfleet.api._common import (
     DescribedEnum,
     ObjectName,
     conditions_field,
+    path_inside,
 )
 from sessionfleet.api._resource import AGE_COLUMN, CustomResource, KindInfo, PrinterColumn
 from sessionfleet.api.session import SessionId
@@ -23,10 +25,65 @@ from sessionfleet.api.session import SessionId
 class CheckpointReason(DescribedEnum):
     """Why a checkpoint was taken."""
 
-    DRAIN = "Drain", "The worker is drained and its sessions migrate."
-    PERIODIC = "Periodic", "The worker's checkpoint interval elapsed."
+    DRAIN = (
+        "Drain",
+        "The worker is drained and its sessions migrate. Set by the operator only: "
+        "one a user creates is marked Failed (ReservedCheckpointReason) and never run.",
+    )
+    PERIODIC = (
+        "Periodic",
+        "The worker's checkpoint interval elapsed. Set by the operator only: "
+        "one a user creates is marked Failed (ReservedCheckpointReason) and never run.",
+    )
     MANUAL = "Manual", "A user asked for it."
     PRE_STOP = "PreStop", "The worker's pod is stopping."
+
+
+OPERATOR_REASONS: Final = frozenset({CheckpointReason.DRAIN, CheckpointReason.PERIODIC})
+"""Reasons only the operator gives its own WorkerCheckpoints.
+
+The API server cannot tell who creates an object, so the CRD cannot refuse them; the
+operator refuses (marks Failed, never runs) a checkpoint with one of these reasons
+that it did not create itself: see :func:`reserved_reason_problem`.
+"""
+
+
+def reserved_reason_problem(reason: CheckpointReason, created_by_operator: bool) -> str | None:
+    """Return why the operator refuses a checkpoint for its reason; ``None``: it may run.
+
+    ``created_by_operator``: the operator created this object itself (it keeps the
+    names it created, and a checkpoint whose status it already wrote is its own:
+    users cannot write the status subresource).
+    """
+    if reason in OPERATOR_REASONS and not created_by_operator:
+        return (
+            f"reason {reason.value} is set only by the operator; "
+            f"ask for a checkpoint with reason {CheckpointReason.MANUAL.value}"
+        )
+    return None
+
+
+def checkpoint_root(storage_path: str, namespace: str) -> str:
+    """Return the directory a namespace's checkpoints lie under: ``<path>/<namespace>``."""
+    return f"{storage_path.rstrip('/')}/{namespace}"
+
+
+def destination_problem(destination: str | None, storage_path: str, namespace: str) -> str | None:
+    """Return why the operator refuses a checkpoint's ``spec.destination``, or ``None``.
+
+    The destination must lie strictly inside ``<storage.path>/<namespace>/`` of the
+    worker: inside the storage every epoch's pod mounts, and out of other namespaces'
+    checkpoints, which a shared storage root (the node agent's, a ReadWriteMany claim)
+    would otherwise let one namespace overwrite and another then restore. The models
+    already made both paths absolute with no ``.``, ``..`` or ``//``, so the check is
+    lexical and exact; symlinks are resolved by the node agent (``confine``).
+    """
+    if destination is None:
+        return None
+    root = checkpoint_root(storage_path, namespace)
+    if not path_inside(destination, root):
+        return f"destination {destination} is not inside {root}/, the worker's checkpoint storage"
+    return None
 
 
 class CheckpointPhase(DescribedEnum):
@@ -53,9 +110,15 @@ class WorkerCheckpointSpec(ApiModel):
         max_length=1024,
         description="Only these sessions (per-session migration); empty: the whole worker.",
     )
-    destination: Annotated[str, StringConstraints(max_length=1024)] | None = Field(
+    destination: AbsolutePath | None = Field(
         default=None,
-        description="Where to write it; unset: under the worker's checkpoint storage path.",
+        description=(
+            "Where to write it; unset: <storage.path>/<namespace>/<worker>/<name> of the "
+            "worker. An absolute path of at most 1024 printable ASCII characters, with no "
+            "'.' or '..' segment, no '//', no trailing '/' and no '%' or '\\'. The operator "
+            "runs the checkpoint only when it lies inside <storage.path>/<namespace>/ of the "
+            "worker; otherwise it is marked Failed (DestinationOutsideStorage)."
+        ),
     )
 
     cel_rules: ClassVar[tuple[CelRule, ...]] = (

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Annotated, ClassVar, Literal
+from datetime import timedelta
+from typing import Annotated, ClassVar, Final, Literal
 
 from pydantic import Field, StringConstraints
 
@@ -12,6 +13,7 @@ from sessionfleet.api._common import (
     Condition,
     DescribedEnum,
     Duration,
+    DurationBounds,
     LabelSelector,
     conditions_field,
     nested_default,
@@ -62,6 +64,17 @@ class MigrationScope(DescribedEnum):
     WORKER = "Worker", "The whole worker is checkpointed and restarted elsewhere; sessions follow."
 
 
+DEADLINE = DurationBounds(
+    minimum=timedelta(seconds=1),
+    maximum=timedelta(hours=24),
+    why="no platform waits longer for a drain (GKE about 1h, Karpenter its NodePool's "
+    "terminationGracePeriod)",
+)
+"""A drain's deadline: 0s would release every hold at once, like having none."""
+GRACE_PERIOD = DurationBounds(minimum=timedelta(0), maximum=timedelta(hours=24))
+"""A drain's grace period: 0s migrates at once (spot interruptions)."""
+
+
 DEFAULT_DISRUPTION_TAINTS = (
     "karpenter.sh/disrupted",
     "ToBeDeletedByClusterAutoscaler",
@@ -97,11 +110,16 @@ class DrainPolicySpec(ApiModel):
     )
     grace_period: Duration = Field(
         default="2m",
-        description="For WaitThenMigrate: how long to wait before migrating.",
+        description=(
+            "For WaitThenMigrate: how long to wait before migrating; 0s to 24h, and at "
+            "most the deadline."
+        ),
     )
     deadline: Duration = Field(
         default="10m",
-        description="The longest a drain is held; keep it inside the platform's limit (EKS 15m).",
+        description=(
+            "The longest a drain is held, 1s to 24h; keep it inside the platform's limit (EKS 15m)."
+        ),
     )
     on_deadline: DeadlineAction = Field(
         default=DeadlineAction.RELEASE, description="What to do when the deadline passes."
@@ -129,6 +147,8 @@ class DrainPolicySpec(ApiModel):
     )
 
     cel_rules: ClassVar[tuple[CelRule, ...]] = (
+        DEADLINE.rule("deadline", "deadline"),
+        GRACE_PERIOD.rule("gracePeriod", "grace_period"),
         CelRule(
             # has() guards: the API server also checks the rule against the CRD's
             # default for spec ({}), before nested defaults are filled in.
@@ -148,6 +168,10 @@ class DrainPolicySpec(ApiModel):
     )
 
 
+MAX_LISTED_WORKERS: Final = 100
+"""The most worker names a DrainPolicy's status lists; ``matchedWorkers`` counts them all."""
+
+
 class DrainPolicyStatus(ApiModel):
     """What the operator observed of the policy."""
 
@@ -155,7 +179,21 @@ class DrainPolicyStatus(ApiModel):
         default=None, ge=0, description="The metadata.generation the operator last acted on."
     )
     matched_workers: int | None = Field(
-        default=None, ge=0, description="InferenceWorkers this policy applies to."
+        default=None,
+        ge=0,
+        description=(
+            "InferenceWorkers this policy governs: those whose drainPolicyRef names it, and "
+            "those its selector alone matches (a worker two policies select is in neither's "
+            "count: it drains under the built-in default, and the Conflict condition names it)."
+        ),
+    )
+    workers: list[Annotated[str, StringConstraints(min_length=1, max_length=253)]] = Field(
+        default_factory=list,
+        max_length=MAX_LISTED_WORKERS,
+        description=(
+            f"The names of the workers counted in matchedWorkers, sorted; the first "
+            f"{MAX_LISTED_WORKERS} when there are more."
+        ),
     )
     active_drains: int | None = Field(
         default=None, ge=0, description="Drains in progress under this policy."
@@ -175,7 +213,7 @@ class DrainPolicy(CustomResource):
             PrinterColumn("Mode", ".spec.mode", "string", "What happens to pinned sessions."),
             PrinterColumn("Grace", ".spec.gracePeriod", "string", "Wait before migrating."),
             PrinterColumn("Deadline", ".spec.deadline", "string", "Longest hold."),
-            PrinterColumn("Workers", ".status.matchedWorkers", "integer", "Workers selected."),
+            PrinterColumn("Workers", ".status.matchedWorkers", "integer", "Workers it governs."),
             AGE_COLUMN,
         ),
     )

@@ -52,8 +52,6 @@ class MigrationReason(DescribedEnum):
     """Why a session moved to another worker."""
 
     DRAIN = "Drain", "Its worker was drained."
-    RECOVERY = "Recovery", "Its worker was lost and the session was rebound."
-    REBALANCE = "Rebalance", "The operator rebalanced load."
 
 
 class Migration(ApiModel):

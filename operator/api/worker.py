@@ -2,24 +2,28 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, StringConstraints
 
 from sessionfleet.api._common import (
+    AbsolutePath,
     ApiModel,
     CelRule,
     CheckpointDriver,
     Condition,
     DescribedEnum,
     Duration,
+    DurationBounds,
     EngineType,
     ModelName,
     ObjectName,
     conditions_field,
+    format_duration,
     immutable,
     nested_default,
+    parse_duration,
 )
 from sessionfleet.api._resource import AGE_COLUMN, CustomResource, KindInfo, PrinterColumn
 
@@ -85,6 +89,22 @@ class ResourceRequirements(ApiModel):
     )
 
 
+MAX_TOLERATION_SECONDS = 365 * 24 * 3600
+MAX_SESSIONS_PER_WORKER = 100_000
+MAX_KV_TOKENS = 100_000_000
+
+CHECKPOINT_INTERVAL = DurationBounds(
+    minimum=timedelta(seconds=1),
+    maximum=timedelta(days=7),
+    why="0s would copy the KV cache without pause, and a checkpoint a week old is of "
+    "little use to restore",
+)
+"""Any engine's periodic checkpoint interval; 0s (continuous copying) is refused."""
+VLLM_MIN_CHECKPOINT_INTERVAL = timedelta(minutes=1)
+"""vLLM's: each checkpoint writes gigabytes of KV cache to shared storage."""
+_VLLM_MIN_INTERVAL = format_duration(VLLM_MIN_CHECKPOINT_INTERVAL)
+
+
 class Toleration(ApiModel):
     """Lets the worker's pod run on nodes with a matching taint."""
 
@@ -101,7 +121,13 @@ class Toleration(ApiModel):
         default=None, description="The taint effect to match; empty matches all effects."
     )
     toleration_seconds: int | None = Field(
-        default=None, ge=0, description="For NoExecute: how long the pod stays after the taint."
+        default=None,
+        ge=0,
+        le=MAX_TOLERATION_SECONDS,
+        description=(
+            "For NoExecute: how long the pod stays after the taint, at most a year "
+            "(31536000); leave it unset to tolerate the taint for ever."
+        ),
     )
 
 
@@ -143,14 +169,24 @@ class Capacity(ApiModel):
     """How much the worker can hold; placement compares load against it."""
 
     max_sessions: int = Field(
-        default=32, ge=1, le=100000, description="The most sessions pinned at once."
+        default=32,
+        ge=1,
+        le=MAX_SESSIONS_PER_WORKER,
+        description=(
+            "The most sessions pinned at once, 1 to 100000: a coding agent's context is "
+            "12K-200K tokens, so even the largest KV cache (see kvTokens) holds far fewer."
+        ),
     )
     kv_tokens: int = Field(
         default=0,
         ge=0,
+        le=MAX_KV_TOKENS,
         description=(
             "KV cache capacity in tokens, for placement; 0 means unknown "
-            "(placement then uses maxSessions and the engine's reported KV usage)."
+            "(placement then uses maxSessions and the engine's reported KV usage). "
+            "At most 100000000: the largest GPU node (8 H200, 1.1 TB of HBM) holds about "
+            "34 million tokens of a 1B model's 16-bit KV cache (32 KiB a token), and about "
+            "4 million of a 32B model's (256 KiB a token)."
         ),
     )
 
@@ -161,9 +197,13 @@ class CheckpointStorage(ApiModel):
     claim_name: ObjectName | None = Field(
         default=None, description="A PersistentVolumeClaim mounted for checkpoints."
     )
-    path: Annotated[str, StringConstraints(pattern=r"^/", max_length=1024)] = Field(
+    path: AbsolutePath = Field(
         default="/var/lib/sessionfleet/checkpoints",
-        description="The directory checkpoints are written under.",
+        description=(
+            "The directory checkpoints are written under, <path>/<namespace>/<worker>/<name>: "
+            "an absolute path of at most 1024 printable ASCII characters, with no '.' or "
+            "'..' segment, no '//', no trailing '/' and no '%' or '\\'."
+        ),
     )
     remote_url: (
         Annotated[str, StringConstraints(pattern=r"^(redis|rediss|lm|s3|file)://", max_length=1024)]
@@ -183,17 +223,27 @@ class CheckpointSettings(ApiModel):
     interval: Duration | None = Field(
         default=None,
         description=(
-            "Take a periodic checkpoint this often, skipped when nothing changed; unset: none."
+            "Take a periodic checkpoint this often, skipped when nothing changed; unset: none. "
+            "Between 1s and 168h (7 days), and at least 1m for engine vllm: each "
+            "checkpoint copies the worker's KV cache (gigabytes for vLLM)."
         ),
     )
     retention: int = Field(
-        default=3, ge=1, le=100, description="How many checkpoints of the worker to keep."
+        default=3,
+        ge=1,
+        le=100,
+        description=(
+            "How many checkpoints of the worker to keep, 1 to 100 (each holds a copy of "
+            "the KV cache)."
+        ),
     )
     storage: CheckpointStorage = Field(
         default_factory=CheckpointStorage,
         json_schema_extra=nested_default(),
         description="Where checkpoints are written.",
     )
+
+    cel_rules: ClassVar[tuple[CelRule, ...]] = (CHECKPOINT_INTERVAL.rule("interval", "interval"),)
 
 
 class InferenceWorkerSpec(ApiModel):
@@ -248,6 +298,20 @@ class InferenceWorkerSpec(ApiModel):
             message="engine vllm needs at least one GPU (gpus >= 1)",
             field_path=".gpus",
             check=lambda s: s.engine.type != EngineType.VLLM or s.gpus >= 1,
+        ),
+        CelRule(
+            # has() guards: interval is optional, and checkpoint has the default {}.
+            rule="!has(self.checkpoint) || !has(self.checkpoint.interval) || "
+            "self.engine.type != 'vllm' || "
+            f"duration(self.checkpoint.interval) >= duration('{_VLLM_MIN_INTERVAL}')",
+            message=f"checkpoint.interval must be at least {_VLLM_MIN_INTERVAL} for engine "
+            "vllm: each checkpoint copies gigabytes of KV cache",
+            field_path=".checkpoint.interval",
+            check=lambda s: (
+                s.engine.type != EngineType.VLLM
+                or s.checkpoint.interval is None
+                or parse_duration(s.checkpoint.interval) >= VLLM_MIN_CHECKPOINT_INTERVAL
+            ),
         ),
     )
 

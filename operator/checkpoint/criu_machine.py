@@ -14,7 +14,7 @@ A restore starts from the images and takes the same way up::
 
     Images ─CRIU restore─▶ Restored ─restore GPU─▶ GpuRestored ─unlock─▶ Unlocked ─resume─▶ Resumed
 
-Failures (FACTS.md "Checkpointing a GPU process"):
+Failures (docs/background.md, "Checkpointing a GPU process"):
 
 - a failed checkpoint step undoes what was done — restore GPU memory if it left, unlock,
   resume the engine — and ends ``Failed`` with the engine serving as before;

@@ -1,7 +1,7 @@
 """The CUDA driver's process checkpoint API, called through ctypes on ``libcuda.so.1``.
 
 A controller process (the node agent) drives another process's CUDA state with five
-calls, all keyed by the target's host PID (FACTS.md "Checkpointing a GPU process"):
+calls, all keyed by the target's host PID (NVIDIA CUDA Driver API, "CUDA Checkpointing"):
 
 - ``cuCheckpointProcessLock`` (RUNNING → LOCKED): further CUDA calls in the target
   block; with a timeout the process is left RUNNING when it expires;

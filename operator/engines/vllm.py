@@ -1,4 +1,4 @@
-"""What sessionfleet relies on in vLLM's interfaces, in one place (FACTS.md "vLLM interfaces").
+"""What sessionfleet relies on in vLLM's interfaces, in one place (docs/background.md).
 
 * the metric names of the V1 engine (the old ``vllm:gpu_cache_usage_perc`` and
   ``vllm:gpu_prefix_cache_*`` names are deprecated; a scraper that knows only those

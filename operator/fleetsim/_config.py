@@ -24,7 +24,7 @@ class CostModel:
     prefill_overhead_seconds: float = 0.02
     decode_seconds_per_token: float = 0.025
     kv_bytes_per_token: int = 38_000
-    """3.8 GB per 100K tokens (Kimi-2.5, FP8: FACTS.md); sizes checkpoints and transfers."""
+    """3.8 GB per 100K tokens (Kimi-2.5, FP8; docs/background.md): sizes checkpoints, transfers."""
     checkpoint_bytes_per_second: float = 5e9
     """Bandwidth of saving or loading KV to shared storage."""
     checkpoint_overhead_seconds: float = 0.5

@@ -18,6 +18,7 @@ from pydantic import ValidationError
 
 from sessionfleet.api import CheckpointDriver, DeadlineAction, DrainMode, DrainPolicySpec
 from sessionfleet.api import parse_duration as _parse_duration
+from sessionfleet.cliargs import positive_float, positive_int
 from sessionfleet.fleetsim._config import (
     CostModel,
     Disruption,
@@ -60,7 +61,7 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     work = parser.add_argument_group("workload")
     work.add_argument(
         "--sessions",
-        type=_positive_int,
+        type=positive_int,
         default=2000,
         help="sessions to simulate (a trace file gives its own)",
     )
@@ -73,7 +74,7 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
         "33 turns of 2,242 new tokens from 12K (the back-of-envelope workload)",
     )
     work.add_argument(
-        "--rate", type=_positive_float, default=0.5, help="new sessions per second (Poisson)"
+        "--rate", type=positive_float, default=0.5, help="new sessions per second (Poisson)"
     )
     work.add_argument(
         "--trace",
@@ -83,17 +84,17 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     )
 
     fleet = parser.add_argument_group("fleet")
-    fleet.add_argument("--workers", type=_positive_int, default=16, help="workers in the fleet")
+    fleet.add_argument("--workers", type=positive_int, default=16, help="workers in the fleet")
     fleet.add_argument(
         "--kv-tokens",
-        type=_positive_int,
+        type=positive_int,
         default=_FLEET.kv_tokens,
         help="KV cache capacity of each worker, in tokens",
     )
-    fleet.add_argument("--block-size", type=_positive_int, default=16, help="tokens per KV block")
+    fleet.add_argument("--block-size", type=positive_int, default=16, help="tokens per KV block")
     fleet.add_argument(
         "--max-sessions",
-        type=_positive_int,
+        type=positive_int,
         default=_FLEET.max_sessions,
         help="InferenceWorker capacity.maxSessions (operator placement)",
     )
@@ -105,13 +106,13 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     )
     fleet.add_argument(
         "--prefill-tokens-per-second",
-        type=_positive_float,
+        type=positive_float,
         default=1 / _COST.prefill_seconds_per_token,
         help="prefill throughput of one worker",
     )
     fleet.add_argument(
         "--decode-ms-per-token",
-        type=_positive_float,
+        type=positive_float,
         default=_COST.decode_seconds_per_token * 1000,
         help="time per output token",
     )
@@ -201,20 +202,6 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
 
 
 # --- argument types -------------------------------------------------------------------
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
-    return value
 
 
 def _duration(text: str) -> float:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 
 from sessionfleet.api import (
     CheckpointDriver,
@@ -24,6 +24,7 @@ class CheckpointState:
     reason: CheckpointReason
     phase: CheckpointPhase | None = None
     created_at: datetime | None = None
+    started_at: datetime | None = None
     completed_at: datetime | None = None
     location: str | None = None
     epoch: int | None = None
@@ -33,6 +34,8 @@ class CheckpointState:
     driver: CheckpointDriver | None = None
     destination: str | None = None
     resource_version: int = 0
+    refused: bool = False
+    """The operator refused to run it (``Valid=False``): a user's own, left to the user."""
 
     @property
     def key(self) -> tuple[str, str]:
@@ -48,6 +51,30 @@ class CheckpointState:
     def usable(self) -> bool:
         """Whether a new pod can start from it."""
         return self.phase is CheckpointPhase.SUCCEEDED and self.whole_worker
+
+
+_LONG_AGO = datetime.min.replace(tzinfo=UTC)
+"""Orders a checkpoint without any timestamp first; aware, like every time in a status
+(a naive ``datetime.min`` cannot be compared with them)."""
+
+DEFAULT_CHECKPOINT_TIMEOUT = timedelta(minutes=15)
+"""The longest a checkpoint may run: above the criu driver's longest step (900 s)."""
+
+
+def abandoned(
+    checkpoint: CheckpointState, running_here: bool, now: datetime, timeout: timedelta
+) -> bool:
+    """Whether a Running checkpoint has no one left to finish it.
+
+    That is one this process does not run (its operator restarted, or lost the
+    leadership) and that started longer than ``timeout`` ago: whoever ran it has
+    either finished or given up by then. It is marked Failed so that it no longer
+    counts as in flight and periodic checkpoints and moves resume.
+    """
+    if checkpoint.phase is not CheckpointPhase.RUNNING or running_here:
+        return False
+    started = checkpoint.started_at or checkpoint.created_at
+    return started is None or now - started >= timeout
 
 
 def periodic_due(
@@ -77,22 +104,25 @@ def periodic_due(
 def latest_usable(checkpoints: Sequence[CheckpointState]) -> CheckpointState | None:
     """Return the newest Succeeded whole-worker checkpoint, to restore a new epoch from."""
     usable = [c for c in checkpoints if c.usable and c.completed_at is not None]
-    return max(usable, key=lambda c: c.completed_at or datetime.min) if usable else None
+    return max(usable, key=lambda c: c.completed_at or _LONG_AGO) if usable else None
 
 
 def retention_victims(checkpoints: Sequence[CheckpointState], keep: int) -> list[str]:
     """Names of finished checkpoints beyond the newest ``keep`` of the worker, oldest first.
 
     Pending and Running ones are never deleted; a Failed one counts like any other, so
-    that failures do not accumulate either.
+    that failures do not accumulate either. Manual and refused ones are the user's.
     """
     finished = [
         c
         for c in checkpoints
         if c.phase in (CheckpointPhase.SUCCEEDED, CheckpointPhase.FAILED)
         and c.reason is not CheckpointReason.MANUAL
+        # A refused one is a user's, whatever its reason says: deleting it is theirs,
+        # and a flood of them must not push the worker's own out of retention.
+        and not c.refused
     ]
-    finished.sort(key=lambda c: c.completed_at or c.created_at or datetime.min, reverse=True)
+    finished.sort(key=lambda c: c.completed_at or c.created_at or _LONG_AGO, reverse=True)
     return [c.name for c in reversed(finished[keep:])]
 
 

@@ -4,7 +4,8 @@ Pure functions over observations, shared by the operator and the fleet simulator
 
 - :func:`drain_trigger` says whether (and why) a worker must drain;
 - :func:`resolve_policy` picks the DrainPolicy for a worker (explicit reference, else
-  the single matching selector, else the built-in default; two matches conflict);
+  the single matching selector, else the built-in default; two matches conflict, and a
+  reference to a missing or invalid policy is reported as such);
 - :func:`decide_drain` says, at time ``now``, whether to hold, migrate which
   sessions, release, or declare the drain done — and when to look again.
 
@@ -58,28 +59,46 @@ class PolicyChoice:
     spec: DrainPolicySpec
     reason: Reason | None = None
     message: str = ""
+    conflicting: tuple[str, ...] = ()
+    """With :attr:`Reason.POLICY_CONFLICT`: the policies that all select the worker."""
+
+
+def selecting(labels: Mapping[str, str], policies: Mapping[str, DrainPolicySpec]) -> list[str]:
+    """Return the names of the policies whose selector matches ``labels``, sorted."""
+    return sorted(name for name, spec in policies.items() if spec.selector.matches(labels))
 
 
 def resolve_policy(
     labels: Mapping[str, str],
     reference: str | None,
     policies: Mapping[str, DrainPolicySpec],
+    invalid: Mapping[str, str] | None = None,
 ) -> PolicyChoice:
     """Choose the DrainPolicy of a worker from the policies in its namespace.
 
-    A missing reference or a conflict is reported with a reason; the worker then
-    drains under the built-in default rather than not at all.
+    ``policies`` are the ones whose spec parsed; ``invalid`` maps the others' names to
+    why they did not. A reference to a missing or an invalid policy, or a conflict, is
+    reported with a reason; the worker then drains under the built-in default rather
+    than not at all.
     """
     if reference is not None:
         if reference in policies:
             return PolicyChoice(reference, policies[reference])
+        if invalid is not None and reference in invalid:
+            return PolicyChoice(
+                None,
+                DEFAULT_POLICY,
+                Reason.POLICY_INVALID,
+                f"DrainPolicy {reference} is invalid: {invalid[reference]}; "
+                "using the built-in default",
+            )
         return PolicyChoice(
             None,
             DEFAULT_POLICY,
             Reason.POLICY_NOT_FOUND,
             f"DrainPolicy {reference} does not exist; using the built-in default",
         )
-    matching = sorted(name for name, spec in policies.items() if spec.selector.matches(labels))
+    matching = selecting(labels, policies)
     if len(matching) == 1:
         return PolicyChoice(matching[0], policies[matching[0]])
     if len(matching) > 1:
@@ -89,6 +108,7 @@ def resolve_policy(
             Reason.POLICY_CONFLICT,
             f"DrainPolicies {', '.join(matching)} all select this worker; "
             "set spec.drainPolicyRef or narrow their selectors (using the built-in default)",
+            conflicting=tuple(matching),
         )
     return PolicyChoice(None, DEFAULT_POLICY)
 

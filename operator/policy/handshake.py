@@ -43,6 +43,11 @@ def acks_of(annotations: Mapping[str, str]) -> dict[str, str]:
     }
 
 
+def stamp(migrating_since: datetime) -> str:
+    """Return ``migratingSince`` as the status holds it: the value routers acknowledge."""
+    return migrating_since.isoformat().replace("+00:00", "Z")
+
+
 @dataclass(frozen=True, slots=True)
 class HandshakeState:
     """Where a migration's handshake stands."""

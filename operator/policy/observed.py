@@ -11,6 +11,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from sessionfleet.api import HoldMechanism
+from sessionfleet.resources.labels import CA_SAFE_TO_EVICT, KARPENTER_DO_NOT_DISRUPT
+
 
 @dataclass(frozen=True, slots=True)
 class NodeState:
@@ -37,6 +40,8 @@ class PodState:
     deleting: bool = False
     terminated: bool = False
     message: str = ""
+    holds: frozenset[HoldMechanism] = frozenset()
+    """The hold annotations the pod carries (Karpenter's, cluster-autoscaler's)."""
 
 
 def _parse_time(value: Any) -> datetime | None:
@@ -65,6 +70,16 @@ def node_state(body: Mapping[str, Any]) -> NodeState:
         unschedulable=bool(spec.get("unschedulable")),
         taint_keys=frozenset(str(t.get("key")) for t in spec.get("taints") or () if t.get("key")),
     )
+
+
+def pod_holds(annotations: Mapping[str, Any]) -> frozenset[HoldMechanism]:
+    """Return the hold mechanisms a pod's annotations put up."""
+    holds = set()
+    if annotations.get(KARPENTER_DO_NOT_DISRUPT) == "true":
+        holds.add(HoldMechanism.KARPENTER_DO_NOT_DISRUPT)
+    if annotations.get(CA_SAFE_TO_EVICT) == "false":
+        holds.add(HoldMechanism.CLUSTER_AUTOSCALER_SAFE_TO_EVICT)
+    return frozenset(holds)
 
 
 def pod_state(body: Mapping[str, Any], epoch_label: str) -> PodState:
@@ -97,6 +112,7 @@ def pod_state(body: Mapping[str, Any], epoch_label: str) -> PodState:
         node=spec.get("nodeName"),
         pod_ip=status.get("podIP"),
         deleting=bool(meta.get("deletionTimestamp")),
+        holds=pod_holds(meta.get("annotations") or {}),
         terminated=terminated is not None,
         message=message,
     )

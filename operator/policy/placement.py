@@ -4,7 +4,7 @@ Affinity is soft for placement and hard afterwards: this function runs once, for
 session's first turn (or when the operator migrates it); every later turn goes back
 to the bound worker without asking it again.
 
-The order of preference (DESIGN.md "Binding"):
+The order of preference (docs/design.md, "Flows", Binding):
 
 1. a pinned worker, or nothing: a pin never falls back elsewhere;
 2. the hinted worker (the router's own earlier choice), when it has room;
@@ -14,7 +14,7 @@ The order of preference (DESIGN.md "Binding"):
    of pinned sessions over capacity and KV usage over KV capacity.
 
 Load, not stickiness alone: hard stickiness without a load gate raised mean TTFT from
-1.78 s to 5.05 s in Dynamo's session-routing replay (FACTS.md).
+1.78 s to 5.05 s in Dynamo's session-routing replay (docs/background.md).
 """
 
 from __future__ import annotations

@@ -8,6 +8,8 @@ never blocks its replacement.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from sessionfleet.api import Reason, WorkerPhase
@@ -66,3 +68,70 @@ def pod_phase(pod: PodState | None) -> tuple[WorkerPhase, Reason]:
     if pod.phase == "Running" and pod.ready and pod.pod_ip:
         return WorkerPhase.READY, Reason.POD_READY
     return WorkerPhase.STARTING, Reason.POD_STARTING
+
+
+DEFAULT_MAX_CONCURRENT_NODE_RECOVERIES = 10
+DEFAULT_UNHEALTHY_NODE_THRESHOLD = 0.55
+"""Like kube-controller-manager's ``--unhealthy-zone-threshold``: beyond this share of
+NotReady nodes, a NotReady node more likely means a control-plane or network fault than
+a lost machine, and moving its workers would cold-restart them for nothing."""
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryBlock:
+    """Why a worker on a NotReady node is not moved now."""
+
+    reason: Reason
+    message: str
+
+
+@dataclass
+class NodeRecoveryGate:
+    """How many workers on NotReady nodes may be moved in this pass, fleet-wide.
+
+    Built once per pass by :func:`node_recovery_gate`; each worker that would move
+    takes a slot with :meth:`take`, and gets :attr:`block` when none is left.
+    """
+
+    slots: int
+    block_all: RecoveryBlock | None = None
+
+    def take(self) -> RecoveryBlock | None:
+        """Take a slot; return why not when the move must wait."""
+        if self.block_all is not None:
+            return self.block_all
+        if self.slots <= 0:
+            return RecoveryBlock(
+                Reason.RECOVERY_CAPPED,
+                "the most workers allowed to move off NotReady nodes at once are moving; "
+                "this one moves when one of them is Ready",
+            )
+        self.slots -= 1
+        return None
+
+
+def node_recovery_gate(
+    nodes: Sequence[NodeState],
+    moving: int,
+    *,
+    max_concurrent: int = DEFAULT_MAX_CONCURRENT_NODE_RECOVERIES,
+    unhealthy_threshold: float = DEFAULT_UNHEALTHY_NODE_THRESHOLD,
+) -> NodeRecoveryGate:
+    """Return the gate for one pass.
+
+    ``moving`` counts workers already Recovering off a NotReady node. With more than
+    ``unhealthy_threshold`` of the nodes NotReady (and at least two of them), no worker
+    is moved at all; otherwise at most ``max_concurrent`` move at once.
+    """
+    not_ready = sum(1 for n in nodes if not n.ready)
+    if nodes and not_ready >= 2 and not_ready / len(nodes) > unhealthy_threshold:
+        return NodeRecoveryGate(
+            0,
+            RecoveryBlock(
+                Reason.DISRUPTION_THRESHOLD,
+                f"{not_ready} of {len(nodes)} nodes are NotReady "
+                f"(over {unhealthy_threshold:.0%}): more likely a control-plane or network "
+                "fault than lost nodes, so workers stay where they are",
+            ),
+        )
+    return NodeRecoveryGate(max(0, max_concurrent - moving))

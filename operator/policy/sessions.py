@@ -111,9 +111,16 @@ def decide_session(
     if session.invalid is not None:
         return NOTHING
     if session.phase is SessionPhase.FINISHED:
-        expires = (session.finished_at or now) + timedelta(seconds=session.ttl_seconds)
-        if expires <= now:
+        finished = session.finished_at or now
+        ttl = timedelta(seconds=session.ttl_seconds)
+        if now - finished >= ttl:
             return SessionDecision(Action.DELETE, message="ttlSecondsAfterFinished passed")
+        try:
+            expires = finished + ttl
+        except OverflowError:
+            # The schema accepts a finishedAt up to 9999-12-31: past the calendar's end
+            # it never expires, so there is no moment to look again.
+            return NOTHING
         return SessionDecision(Action.NOTHING, recheck_at=expires)
     if session.finished:
         return SessionDecision(

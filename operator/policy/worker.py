@@ -1,6 +1,8 @@
 """The worker decision: from everything observed of one worker, the plan for it.
 
-One pure function, :func:`plan_worker`, composes recovery, drain and phase. The
+One pure function, :func:`plan_worker`, chains small decisions: a requested drain
+that is done, a fresh epoch, recovery, then a running worker's drain, phase and
+conditions. The
 controller carries the plan out (create or delete pods, keep holds, migrate
 sessions) and writes the status it describes only when it differs from the one
 observed.
@@ -11,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
 
 from sessionfleet.api import (
     CheckpointDriver,
@@ -33,6 +36,7 @@ from sessionfleet.policy.drain import (
 from sessionfleet.policy.observed import NodeState, PodState
 from sessionfleet.policy.recovery import (
     DEFAULT_NODE_NOT_READY_TOLERATION,
+    RecoveryBlock,
     pod_phase,
     recovery_backoff,
     recovery_reason,
@@ -57,6 +61,8 @@ class WorkerObservation:
     policy: PolicyChoice
     now: datetime
     node_not_ready_toleration: timedelta = DEFAULT_NODE_NOT_READY_TOLERATION
+    recovery_block: RecoveryBlock | None = None
+    """Set when the fleet-wide gate holds back moving workers off NotReady nodes."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,234 +102,317 @@ class WorkerPlan:
 
 
 def plan_worker(obs: WorkerObservation) -> WorkerPlan:
-    """Decide the worker's pods, holds, migrations, phase and conditions."""
+    """Decide the worker's pods, holds, migrations, phase and conditions.
+
+    A chain of small decisions, the first that applies wins: a drain asked for and
+    done keeps the worker down; a worker with no pod yet (or back from such a drain)
+    starts a fresh epoch; a lost pod starts a new one (or backs off); otherwise the
+    running worker's drain, phase and conditions are decided.
+    """
+    facts = _facts(obs)
+    return _drained_on_request(facts) or _fresh_epoch(facts) or _recovery(facts) or _running(facts)
+
+
+@dataclass(frozen=True, slots=True)
+class _Facts:
+    """What every decision of :func:`plan_worker` reads, worked out once."""
+
+    obs: WorkerObservation
+    epoch: int
+    """The newest epoch: the status's, or a later pod's (our own write still in flight)."""
+    current: PodState | None
+    """This epoch's pod, if it exists."""
+    observed: bool
+    """Whether the status already records this epoch's pod (so it was created)."""
+    stale: tuple[str, ...]
+    """Pods of earlier epochs still to delete."""
+    conditions: tuple[ConditionPlan, ...]
+    """Conditions every plan carries (a DrainPolicy conflict)."""
+    failures: int
+    last_recovery: datetime | None
+
+
+def _facts(obs: WorkerObservation) -> _Facts:
     # A pod of a later epoch than the status records means the status read is older
     # than our own last write: trust the pod, never delete it.
     epoch = max([obs.status.epoch or 0, *(p.epoch for p in obs.pods)])
     pods_by_name = {p.name: p for p in obs.pods}
-    current = pods_by_name.get(pod_name(obs.name, epoch)) if epoch else None
-    observed = obs.status.pod == pod_name(obs.name, epoch)
-    stale = tuple(p.name for p in obs.pods if p.epoch < epoch and not p.deleting)
-    conditions: list[ConditionPlan] = []
-    if obs.policy.reason is not None:
-        conditions.append(
-            ConditionPlan(
-                ConditionType.CONFLICT,
-                ConditionStatus.TRUE,
-                obs.policy.reason,
-                obs.policy.message,
+    conflict = obs.policy.reason
+    return _Facts(
+        obs=obs,
+        epoch=epoch,
+        current=pods_by_name.get(pod_name(obs.name, epoch)) if epoch else None,
+        observed=obs.status.pod == pod_name(obs.name, epoch),
+        stale=tuple(p.name for p in obs.pods if p.epoch < epoch and not p.deleting),
+        conditions=(
+            (
+                ConditionPlan(
+                    ConditionType.CONFLICT, ConditionStatus.TRUE, conflict, obs.policy.message
+                ),
             )
-        )
+            if conflict is not None
+            else ()
+        ),
+        failures=obs.status.consecutive_failures or 0,
+        last_recovery=obs.status.last_recovery_at,
+    )
 
-    drained_on_request = obs.spec.drain and obs.status.phase is WorkerPhase.DRAINED
-    if drained_on_request:
-        # The pod was deleted on purpose; nothing runs until spec.drain is false.
-        return WorkerPlan(
-            phase=WorkerPhase.DRAINED,
-            epoch=epoch,
-            create_pod=False,
-            delete_pods=tuple(p.name for p in obs.pods if not p.deleting),
-            pod=None,
-            node=None,
-            endpoint=None,
-            drain_started_at=obs.status.drain_started_at,
-            holds=frozenset(),
-            drain_done=True,
-            conditions=(
-                *conditions,
-                ConditionPlan(
-                    ConditionType.DRAINING, ConditionStatus.FALSE, Reason.DRAINED, "drained"
-                ),
-                ConditionPlan(
-                    ConditionType.READY,
-                    ConditionStatus.FALSE,
-                    Reason.DRAINED,
-                    "drained on request (spec.drain)",
-                ),
-            ),
-        )
 
-    if epoch == 0 or (obs.status.phase is WorkerPhase.DRAINED and current is None):
-        # First pod, or back from a requested drain: a fresh epoch.
-        return WorkerPlan(
-            phase=WorkerPhase.PENDING,
-            epoch=epoch + 1,
-            create_pod=True,
-            delete_pods=stale,
-            pod=None,
-            node=None,
-            endpoint=None,
-            drain_started_at=None,
-            holds=frozenset(),
-            conditions=(
-                *conditions,
-                ConditionPlan(
-                    ConditionType.READY,
-                    ConditionStatus.FALSE,
-                    Reason.POD_PENDING,
-                    f"creating pod {pod_name(obs.name, epoch + 1)}",
-                ),
-            ),
-        )
+def _down(facts: _Facts, phase: WorkerPhase, *conditions: ConditionPlan, **plan: Any) -> WorkerPlan:
+    """Return a plan for a worker with no serving pod: no endpoint, no holds."""
+    fields: dict[str, Any] = {
+        "epoch": facts.epoch,
+        "create_pod": False,
+        "delete_pods": facts.stale,
+        "pod": None,
+        "node": None,
+        "endpoint": None,
+        "drain_started_at": facts.obs.status.drain_started_at,
+        "holds": frozenset(),
+        "conditions": (*facts.conditions, *conditions),
+        **plan,
+    }
+    return WorkerPlan(phase=phase, **fields)
 
-    recovery = recovery_reason(current, observed, obs.node, obs.now, obs.node_not_ready_toleration)
-    failures = obs.status.consecutive_failures or 0
-    last_recovery = obs.status.last_recovery_at
-    if recovery is not None and failures and last_recovery is not None:
-        wait = (recovery_backoff(failures) - (obs.now - last_recovery)).total_seconds()
+
+def _drained_on_request(facts: _Facts) -> WorkerPlan | None:
+    """``spec.drain`` and Drained: the pod was deleted on purpose; nothing runs."""
+    obs = facts.obs
+    if not (obs.spec.drain and obs.status.phase is WorkerPhase.DRAINED):
+        return None
+    return _down(
+        facts,
+        WorkerPhase.DRAINED,
+        ConditionPlan(ConditionType.DRAINING, ConditionStatus.FALSE, Reason.DRAINED, "drained"),
+        ConditionPlan(
+            ConditionType.READY,
+            ConditionStatus.FALSE,
+            Reason.DRAINED,
+            "drained on request (spec.drain)",
+        ),
+        delete_pods=tuple(p.name for p in obs.pods if not p.deleting),
+        drain_done=True,
+    )
+
+
+def _fresh_epoch(facts: _Facts) -> WorkerPlan | None:
+    """Start a fresh epoch: the first pod, or the first after a requested drain."""
+    back = facts.obs.status.phase is WorkerPhase.DRAINED and facts.current is None
+    if facts.epoch != 0 and not back:
+        return None
+    new_epoch = facts.epoch + 1
+    return _down(
+        facts,
+        WorkerPhase.PENDING,
+        ConditionPlan(
+            ConditionType.READY,
+            ConditionStatus.FALSE,
+            Reason.POD_PENDING,
+            f"creating pod {pod_name(facts.obs.name, new_epoch)}",
+        ),
+        epoch=new_epoch,
+        create_pod=True,
+        drain_started_at=None,
+    )
+
+
+def _recovery_wanted(facts: _Facts) -> tuple[Reason | None, RecoveryBlock | None]:
+    """Why this epoch's pod must be replaced (if it must), and what holds a move back."""
+    obs = facts.obs
+    reason = recovery_reason(
+        facts.current, facts.observed, obs.node, obs.now, obs.node_not_ready_toleration
+    )
+    if reason is Reason.NODE_NOT_READY and obs.recovery_block is not None:
+        return None, obs.recovery_block
+    return reason, None
+
+
+def _recovery(facts: _Facts) -> WorkerPlan | None:
+    """Replace a lost pod: back off after repeated failures, else start the next epoch."""
+    reason, _ = _recovery_wanted(facts)
+    if reason is None:
+        return None
+    obs, epoch, failures = facts.obs, facts.epoch, facts.failures
+    detail = f"pod {pod_name(obs.name, epoch)}: {_recovery_detail(reason, facts.current)}"
+    if failures and facts.last_recovery is not None:
+        wait = (recovery_backoff(failures) - (obs.now - facts.last_recovery)).total_seconds()
         if wait > 0:
-            return WorkerPlan(
-                phase=WorkerPhase.RECOVERING,
-                epoch=epoch,
-                create_pod=False,
-                delete_pods=stale,
-                pod=None,
-                node=None,
-                endpoint=None,
-                drain_started_at=obs.status.drain_started_at,
-                holds=frozenset(),
-                consecutive_failures=failures,
-                last_recovery_at=last_recovery,
-                conditions=(
-                    *conditions,
-                    ConditionPlan(
-                        ConditionType.RECOVERING,
-                        ConditionStatus.TRUE,
-                        Reason.RECOVERY_BACK_OFF,
-                        f"{failures} epoch(s) in a row failed before Ready; "
-                        f"epoch {epoch + 1} starts in {wait:.0f}s",
-                    ),
-                    ConditionPlan(
-                        ConditionType.READY,
-                        ConditionStatus.FALSE,
-                        Reason.RECOVERY_BACK_OFF,
-                        f"pod {pod_name(obs.name, epoch)}: {_recovery_detail(recovery, current)}",
-                    ),
+            return _down(
+                facts,
+                WorkerPhase.RECOVERING,
+                ConditionPlan(
+                    ConditionType.RECOVERING,
+                    ConditionStatus.TRUE,
+                    Reason.RECOVERY_BACK_OFF,
+                    f"{failures} epoch(s) in a row failed before Ready; "
+                    f"epoch {epoch + 1} starts in {wait:.0f}s",
                 ),
+                ConditionPlan(
+                    ConditionType.READY, ConditionStatus.FALSE, Reason.RECOVERY_BACK_OFF, detail
+                ),
+                consecutive_failures=failures,
+                last_recovery_at=facts.last_recovery,
                 recheck_after=wait,
             )
-    if recovery is not None:
-        new_epoch = epoch + 1
-        doomed = stale + ((current.name,) if current is not None and not current.deleting else ())
-        message = f"pod {pod_name(obs.name, epoch)}: {_recovery_detail(recovery, current)}"
-        return WorkerPlan(
-            phase=WorkerPhase.RECOVERING,
-            epoch=new_epoch,
-            create_pod=True,
-            delete_pods=doomed,
-            pod=None,
-            node=None,
-            endpoint=None,
-            drain_started_at=obs.status.drain_started_at,
-            holds=frozenset(),
-            recovery=recovery,
-            consecutive_failures=failures + 1,
-            last_recovery_at=obs.now,
-            conditions=(
-                *conditions,
-                ConditionPlan(ConditionType.RECOVERING, ConditionStatus.TRUE, recovery, message),
-                ConditionPlan(
-                    ConditionType.READY,
-                    ConditionStatus.FALSE,
-                    Reason.NEW_EPOCH,
-                    f"starting pod {pod_name(obs.name, new_epoch)} (epoch {new_epoch})",
-                ),
+    current = facts.current
+    doomed = (current.name,) if current is not None and not current.deleting else ()
+    new_epoch = epoch + 1
+    return _down(
+        facts,
+        WorkerPhase.RECOVERING,
+        ConditionPlan(ConditionType.RECOVERING, ConditionStatus.TRUE, reason, detail),
+        ConditionPlan(
+            ConditionType.READY,
+            ConditionStatus.FALSE,
+            Reason.NEW_EPOCH,
+            f"starting pod {pod_name(obs.name, new_epoch)} (epoch {new_epoch})",
+        ),
+        epoch=new_epoch,
+        create_pod=True,
+        delete_pods=facts.stale + doomed,
+        recovery=reason,
+        consecutive_failures=failures + 1,
+        last_recovery_at=obs.now,
+    )
+
+
+def _recovering_condition(facts: _Facts, still_recovering: bool, reason: Reason) -> ConditionPlan:
+    _, blocked = _recovery_wanted(facts)
+    if blocked is not None:
+        node = facts.obs.node.name if facts.obs.node else "?"
+        return ConditionPlan(
+            ConditionType.RECOVERING,
+            ConditionStatus.FALSE,
+            blocked.reason,
+            f"node {node} is NotReady, but {blocked.message}",
+        )
+    return ConditionPlan(
+        ConditionType.RECOVERING,
+        ConditionStatus.TRUE if still_recovering else ConditionStatus.FALSE,
+        Reason.NEW_EPOCH if still_recovering else reason,
+        f"waiting for pod {pod_name(facts.obs.name, facts.epoch)}" if still_recovering else "",
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _DrainPlan:
+    """The drain part of a running worker's plan."""
+
+    phase: WorkerPhase | None
+    """Draining or Drained while a drain runs; None: no drain."""
+    holds: frozenset[HoldMechanism]
+    started_at: datetime | None
+    migrate: tuple[str, ...]
+    move_worker: bool
+    done: bool
+    recheck_after: float | None
+    trigger: Reason | None
+    condition: ConditionPlan
+
+
+def _drain(facts: _Facts, pod_reason: Reason) -> _DrainPlan:
+    """Whether a drain runs, what it holds and moves, and how far it has come."""
+    obs = facts.obs
+    spec = obs.policy.spec
+    trigger = drain_trigger(obs.spec.drain, obs.node, spec.triggers)
+    if trigger is None:
+        return _DrainPlan(
+            phase=None,
+            holds=holds_while_pinned(spec, len(obs.pinned)),
+            started_at=None,
+            migrate=(),
+            move_worker=False,
+            done=False,
+            recheck_after=None,
+            trigger=None,
+            condition=ConditionPlan(
+                ConditionType.DRAINING, ConditionStatus.FALSE, pod_reason, "no drain"
             ),
         )
-
-    phase, reason = pod_phase(current)
-    endpoint = (
-        f"http://{current.pod_ip}:{obs.spec.engine.port}"
-        if current is not None and current.pod_ip
-        else None
+    started_at = obs.status.drain_started_at or obs.now
+    decision = decide_drain(spec, started_at, obs.now, obs.pinned)
+    whole_worker = bool(decision.migrate) and spec.migration_scope is MigrationScope.WORKER
+    how = f"triggered by {trigger.value}" + (
+        f" under DrainPolicy {obs.policy.name}" if obs.policy.name else " (default policy)"
     )
+    return _DrainPlan(
+        phase=WorkerPhase.DRAINED if decision.done else WorkerPhase.DRAINING,
+        holds=decision.holds if decision.hold else frozenset(),
+        started_at=started_at,
+        migrate=() if whole_worker else decision.migrate,
+        move_worker=whole_worker,
+        done=decision.done,
+        recheck_after=decision.recheck_after,
+        trigger=trigger,
+        condition=ConditionPlan(
+            ConditionType.DRAINING,
+            ConditionStatus.FALSE if decision.done else ConditionStatus.TRUE,
+            decision.reason,
+            f"{decision.message}; {how}",
+        ),
+    )
+
+
+def _held_condition(holds: frozenset[HoldMechanism]) -> ConditionPlan:
+    return ConditionPlan(
+        ConditionType.DRAIN_HELD,
+        ConditionStatus.TRUE if holds else ConditionStatus.FALSE,
+        Reason.SESSIONS_PINNED if holds else Reason.DRAINED,
+        # No count in the text: status.pinnedSessions carries it, and a message that
+        # changed with every bind would make every bind a worker status write.
+        "sessions are pinned: eviction blocked by " + ", ".join(sorted(h.value for h in holds))
+        if holds
+        else "nothing holds the pod",
+    )
+
+
+def _running(facts: _Facts) -> WorkerPlan:
+    """Plan a worker with its pod: its drain, then its phase, then its conditions."""
+    obs, current = facts.obs, facts.current
+    phase, reason = pod_phase(current)
     still_recovering = obs.status.phase is WorkerPhase.RECOVERING and phase is not WorkerPhase.READY
     if still_recovering:
         phase = WorkerPhase.RECOVERING
-    conditions.append(
-        ConditionPlan(
-            ConditionType.RECOVERING,
-            ConditionStatus.TRUE if still_recovering else ConditionStatus.FALSE,
-            Reason.NEW_EPOCH if still_recovering else reason,
-            f"waiting for pod {pod_name(obs.name, epoch)}" if still_recovering else "",
-        )
+    drain = _drain(facts, reason)
+    phase = drain.phase or phase
+    ready = ConditionPlan(
+        ConditionType.READY,
+        ConditionStatus.TRUE if phase is WorkerPhase.READY else ConditionStatus.FALSE,
+        reason if phase is not WorkerPhase.DRAINING else Reason.DRAIN_REQUESTED,
+        current.message if current is not None and current.message else phase.description,
     )
-
-    trigger = drain_trigger(obs.spec.drain, obs.node, obs.policy.spec.triggers)
-    holds = holds_while_pinned(obs.policy.spec, len(obs.pinned))
-    drain_started_at = None
-    migrate: tuple[str, ...] = ()
-    move_worker = False
-    drain_done = False
-    recheck_after = None
-    if trigger is not None:
-        drain_started_at = obs.status.drain_started_at or obs.now
-        decision = decide_drain(obs.policy.spec, drain_started_at, obs.now, obs.pinned)
-        holds = decision.holds if decision.hold else frozenset()
-        migrate = decision.migrate
-        if migrate and obs.policy.spec.migration_scope is MigrationScope.WORKER:
-            move_worker, migrate = True, ()
-        drain_done = decision.done
-        recheck_after = decision.recheck_after
-        phase = WorkerPhase.DRAINED if decision.done else WorkerPhase.DRAINING
-        how = f"triggered by {trigger.value}" + (
-            f" under DrainPolicy {obs.policy.name}" if obs.policy.name else " (default policy)"
-        )
-        conditions.append(
-            ConditionPlan(
-                ConditionType.DRAINING,
-                ConditionStatus.FALSE if decision.done else ConditionStatus.TRUE,
-                decision.reason,
-                f"{decision.message}; {how}",
-            )
-        )
-    else:
-        conditions.append(
-            ConditionPlan(ConditionType.DRAINING, ConditionStatus.FALSE, reason, "no drain")
-        )
-
-    conditions.append(
-        ConditionPlan(
-            ConditionType.DRAIN_HELD,
-            ConditionStatus.TRUE if holds else ConditionStatus.FALSE,
-            Reason.SESSIONS_PINNED if holds else Reason.DRAINED,
-            # No count in the text: status.pinnedSessions carries it, and a message that
-            # changed with every bind would make every bind a worker status write.
-            "sessions are pinned: eviction blocked by " + ", ".join(sorted(h.value for h in holds))
-            if holds
-            else "nothing holds the pod",
-        )
-    )
-    conditions.append(
-        ConditionPlan(
-            ConditionType.READY,
-            ConditionStatus.TRUE if phase is WorkerPhase.READY else ConditionStatus.FALSE,
-            reason if phase is not WorkerPhase.DRAINING else Reason.DRAIN_REQUESTED,
-            current.message if current is not None and current.message else phase.description,
-        )
-    )
-    delete = stale
-    if drain_done and trigger is Reason.DRAIN_REQUESTED and current is not None:
-        delete = (*stale, current.name)
+    delete = facts.stale
+    if drain.done and drain.trigger is Reason.DRAIN_REQUESTED and current is not None:
+        delete = (*facts.stale, current.name)
     return WorkerPlan(
         phase=phase,
-        epoch=epoch,
-        create_pod=current is None and not observed,
+        epoch=facts.epoch,
+        create_pod=current is None and not facts.observed,
         delete_pods=delete,
         pod=current.name if current is not None else None,
         node=current.node if current is not None else None,
-        endpoint=endpoint,
-        drain_started_at=drain_started_at,
-        holds=holds,
-        migrate=migrate,
-        move_worker=move_worker,
+        endpoint=(
+            f"http://{current.pod_ip}:{obs.spec.engine.port}"
+            if current is not None and current.pod_ip
+            else None
+        ),
+        drain_started_at=drain.started_at,
+        holds=drain.holds,
+        migrate=drain.migrate,
+        move_worker=drain.move_worker,
         migrate_through_checkpoint=obs.policy.spec.checkpoint
         and obs.spec.checkpoint.driver is not CheckpointDriver.NONE,
-        consecutive_failures=0 if phase is WorkerPhase.READY else failures,
-        last_recovery_at=last_recovery,
-        drain_done=drain_done,
-        conditions=tuple(conditions),
-        recheck_after=recheck_after,
+        consecutive_failures=0 if phase is WorkerPhase.READY else facts.failures,
+        last_recovery_at=facts.last_recovery,
+        drain_done=drain.done,
+        conditions=(
+            *facts.conditions,
+            _recovering_condition(facts, still_recovering, reason),
+            drain.condition,
+            _held_condition(drain.holds),
+            ready,
+        ),
+        recheck_after=drain.recheck_after,
     )
 
 

@@ -20,7 +20,7 @@ from sessionfleet.resources.labels import (
 from sessionfleet.resources.names import label_value
 
 # vLLM only hits prefixes saved by another (or a restarted) worker when Python's
-# hash seed is the same everywhere (FACTS.md: LMCache across workers).
+# hash seed is the same everywhere (docs/background.md, "vLLM interfaces").
 PYTHONHASHSEED = "0"
 LMCACHE_CONNECTOR = '{"kv_connector":"LMCacheConnectorV1","kv_role":"kv_both"}'
 
@@ -86,7 +86,7 @@ def engine_args(worker: InferenceWorker) -> list[str]:
         f"--port={port}",
         "--enable-prefix-caching",
         # cached_tokens per request, and usage in every stream, are what the router
-        # counts hits and recomputation from (FACTS.md "vLLM interfaces").
+        # counts hits and recomputation from (docs/background.md, "vLLM interfaces").
         "--enable-prompt-tokens-details",
         "--enable-force-include-usage",
         f"--tensor-parallel-size={max(spec.gpus, 1)}",

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sessionfleet.cliargs import non_negative_float, positive_float, positive_int
 from sessionfleet.router.limits import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_INFLIGHT_BODY_BYTES
 
 if TYPE_CHECKING:
@@ -23,27 +24,6 @@ written to the session's status in coalesced patches. See docs/router.md.
 """
 
 NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
-
-
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be positive, not {value}")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
-    return value
-
-
-def _non_negative_float(text: str) -> float:
-    value = float(text)
-    if not value >= 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number, 0 or more, not {text}")
-    return value
 
 
 def default_namespace() -> str:
@@ -99,106 +79,106 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     timing = parser.add_argument_group("timing")
     timing.add_argument(
         "--flush-interval",
-        type=_positive_float,
+        type=positive_float,
         default=10.0,
         help="seconds between usage writes to one session's status (default: 10)",
     )
     timing.add_argument(
         "--flush-writes-per-second",
-        type=_positive_float,
+        type=positive_float,
         default=50.0,
         help="most usage writes started per second, all sessions together (default: 50)",
     )
     timing.add_argument(
         "--hold-timeout",
-        type=_positive_float,
+        type=positive_float,
         default=30.0,
         help="seconds a turn of a Migrating or Restoring session waits before a 503 (default: 30)",
     )
     timing.add_argument(
         "--retry-after",
-        type=_positive_int,
+        type=positive_int,
         default=5,
         help="Retry-After seconds on 503 answers (default: 5)",
     )
     timing.add_argument(
         "--sync-timeout",
-        type=_positive_float,
+        type=positive_float,
         default=10.0,
         help="seconds a request waits for the bindings to load at start (default: 10)",
     )
     timing.add_argument(
         "--create-timeout",
-        type=_positive_float,
+        type=positive_float,
         default=5.0,
         help="seconds a first turn waits to record its session (default: 5)",
     )
     timing.add_argument(
         "--connect-timeout",
-        type=_positive_float,
+        type=positive_float,
         default=5.0,
         help="seconds to connect to a worker (default: 5)",
     )
     timing.add_argument(
         "--read-timeout",
-        type=_positive_float,
+        type=positive_float,
         default=600.0,
         help="seconds without a byte from a worker before giving up (default: 600)",
     )
     limits = parser.add_argument_group("limits (docs/router.md, Limits)")
     limits.add_argument(
         "--max-body-bytes",
-        type=_positive_int,
+        type=positive_int,
         default=DEFAULT_MAX_BODY_BYTES,
         help="largest request body accepted, 413 beyond it (default: 8 MiB, a 200K-token "
         "context with room to spare)",
     )
     limits.add_argument(
         "--max-inflight-body-bytes",
-        type=_positive_int,
+        type=positive_int,
         default=DEFAULT_MAX_INFLIGHT_BODY_BYTES,
         help="bytes of request bodies held at once, 503 beyond it (default: 192 MiB)",
     )
     limits.add_argument(
         "--body-timeout",
-        type=_positive_float,
+        type=positive_float,
         default=30.0,
         help="seconds for a request body to arrive, 408 beyond it (default: 30)",
     )
     limits.add_argument(
         "--idle-timeout",
-        type=_positive_float,
+        type=positive_float,
         default=30.0,
         help="seconds for a connection to send a request's headers, or to stay idle "
         "between requests, before it is closed (default: 30)",
     )
     limits.add_argument(
         "--max-connections",
-        type=_positive_int,
+        type=positive_int,
         default=4096,
         help="open client connections; a new one beyond it is answered 503 (default: 4096)",
     )
     limits.add_argument(
         "--new-sessions-per-client",
-        type=_non_negative_float,
+        type=non_negative_float,
         default=20.0,
         help="new sessions a second one client may open, 429 beyond it; 0: no limit (default: 20)",
     )
     limits.add_argument(
         "--new-sessions-burst-per-client",
-        type=_non_negative_float,
+        type=non_negative_float,
         default=40.0,
         help="new sessions one client may open at once after a quiet time (default: 40)",
     )
     limits.add_argument(
         "--new-sessions-per-second",
-        type=_non_negative_float,
+        type=non_negative_float,
         default=200.0,
         help="new sessions a second, all clients together; 0: no limit (default: 200)",
     )
     limits.add_argument(
         "--new-sessions-burst",
-        type=_non_negative_float,
+        type=non_negative_float,
         default=400.0,
         help="new sessions at once, all clients together (default: 400)",
     )

@@ -1,6 +1,6 @@
 """Who a turn belongs to: the session id and parent from the client's headers.
 
-Coding agents name their sessions in different headers (FACTS.md "Session identity"):
+Coding agents name their sessions in different headers (docs/background.md, "Session identity"):
 
 ==============  =======================================  ==================================
 client          session id                               parent (subagents)

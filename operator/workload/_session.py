@@ -133,7 +133,7 @@ class Session:
 
 
 def session_headers(session: Session, *, generic_header: str = "X-Session-Id") -> dict[str, str]:
-    """Return the HTTP headers the session's client sends to identify it (FACTS.md).
+    """Return the HTTP headers the session's client sends to identify it (docs/background.md).
 
     Claude Code sends a child's own id as ``x-claude-code-agent-id`` with its parent
     in ``x-claude-code-parent-agent-id``; OpenCode sends ``x-parent-session-id`` for

@@ -1,7 +1,7 @@
-"""A synthetic agentic workload calibrated to the published Codex traces (FACTS.md).
+"""A synthetic agentic workload calibrated to the published Codex traces.
 
 Every figure comes from the vLLM x Mooncake post on Codex + GPT-5.4 running
-SWE-bench Pro (610 traces):
+SWE-bench Pro (610 traces; docs/background.md, "Agentic workloads"):
 
 - a median of 33 turns per session: the turn count is lognormal around 33;
 - about 2,242 new prompt tokens per turn on average, heavy-tailed within a session
@@ -35,7 +35,8 @@ from sessionfleet.workload._session import Session
 # sigma = ln(q / m) / Z99.
 Z99 = 2.3263478740408408
 
-# Clients whose headers can say "this session is a child of that one" (FACTS.md):
+# Clients whose headers can say "this session is a child of that one"
+# (docs/background.md, "Session identity"):
 # Codex sends a session id only.
 PARENT_AWARE_CLIENTS = frozenset(
     {SessionClient.CLAUDE_CODE, SessionClient.OPENCODE, SessionClient.HEADER}
@@ -60,7 +61,7 @@ def _default_clients() -> dict[SessionClient, float]:
 
 @dataclass(frozen=True, slots=True)
 class WorkloadConfig:
-    """The distributions of a synthetic workload; defaults follow FACTS.md."""
+    """The distributions of a synthetic workload; defaults follow docs/background.md."""
 
     sessions: int = 1000
     """Sessions to generate, children included."""

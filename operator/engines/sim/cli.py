@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sessionfleet.cliargs import non_negative_float, positive_int
 from sessionfleet.engines.sim.cost import FREE, REALISTIC, CostModel
 
 if TYPE_CHECKING:
@@ -21,20 +22,6 @@ SIMULATOR - not a model. Serves vLLM's OpenAI-compatible API (/v1/chat/completio
 (usage.prompt_tokens_details.cached_tokens), prefill and decode time, and cache
 export/import (/sim/cache/export, /sim/cache/import) for tests, benchmarks and sandboxes.
 """
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
-    return value
-
-
-def _non_negative(text: str) -> float:
-    value = float(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must not be negative, not {value}")
-    return value
 
 
 def add_parser(commands: Any) -> argparse.ArgumentParser:
@@ -56,28 +43,28 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--kv-tokens",
-        type=_positive,
+        type=positive_int,
         default=1 << 20,
         help="prefix cache capacity in tokens (default: 1048576)",
     )
     parser.add_argument(
-        "--block-size", type=_positive, default=16, help="tokens per KV block (default: 16)"
+        "--block-size", type=positive_int, default=16, help="tokens per KV block (default: 16)"
     )
     parser.add_argument(
         "--max-num-seqs",
-        type=_positive,
+        type=positive_int,
         default=256,
         help="requests running at once; more wait (default: 256)",
     )
     parser.add_argument(
         "--max-model-len",
-        type=_positive,
+        type=positive_int,
         default=1 << 18,
         help="the longest prompt plus completion, in tokens (default: 262144)",
     )
     parser.add_argument(
         "--default-max-tokens",
-        type=_positive,
+        type=positive_int,
         default=16,
         help="tokens generated when a request sets no max_tokens (default: 16)",
     )
@@ -94,19 +81,19 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     )
     cost.add_argument(
         "--prefill-us-per-token",
-        type=_non_negative,
+        type=non_negative_float,
         default=None,
         help="microseconds of prefill per prompt token not served from cache",
     )
     cost.add_argument(
         "--decode-ms-per-token",
-        type=_non_negative,
+        type=non_negative_float,
         default=None,
         help="milliseconds per generated token",
     )
     cost.add_argument(
         "--request-overhead-ms",
-        type=_non_negative,
+        type=non_negative_float,
         default=None,
         help="fixed milliseconds before the first token",
     )
@@ -136,6 +123,13 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
         type=Path,
         default=None,
         help="load a cache snapshot (from /sim/cache/export) before serving",
+    )
+    parser.add_argument(
+        "--fault-metrics",
+        choices=("nan", "inf", "-inf"),
+        default=None,
+        help="fault injection: report this value for vllm:kv_cache_usage_perc and "
+        "vllm:num_requests_running, as a broken engine might",
     )
     parser.add_argument("--log-level", default="INFO", help="logging level (default: INFO)")
     parser.set_defaults(func=run)
@@ -181,6 +175,7 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
         enable_prompt_tokens_details=args.enable_prompt_tokens_details,
         force_include_usage=args.enable_force_include_usage,
         session_header=args.session_header,
+        metrics_fault=float(args.fault_metrics) if args.fault_metrics else None,
     )
 
 

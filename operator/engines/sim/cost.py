@@ -4,7 +4,7 @@ The default is free (every delay zero), so tests and the router benchmark measur
 data path, not a pretend GPU. ``REALISTIC`` approximates one modern GPU serving a
 mid-sized model: 50 µs of prefill per prompt token not served from cache (20K tokens/s)
 and 20 ms per generated token (50 tokens/s per sequence). With the agentic figures in
-FACTS.md (~2,242 new tokens and a few hundred generated per turn) that spends well over
+docs/background.md (~2,242 new tokens and a few hundred generated per turn) that spends well over
 90% of a turn generating, as the published traces do (91.0-98.6%), and makes a cache
 miss on an 80K-token context cost about 4 s of prefill: the penalty sessionfleet avoids.
 """

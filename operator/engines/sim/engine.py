@@ -45,6 +45,9 @@ class EngineConfig:
     enable_prompt_tokens_details: bool = True
     force_include_usage: bool = False
     session_header: str = "X-Session-Id"
+    metrics_fault: float | None = None
+    """Fault injection: report this value (NaN, ±Inf) for the KV usage and running-requests
+    gauges, as a broken engine might, to test what reads them."""
 
 
 class RequestError(Exception):
@@ -330,10 +333,11 @@ class EngineCollector(Collector):
             family.add_metric(values, value)
             return family
 
+        fault = engine.config.metrics_fault
         yield gauge(
             vllm.NUM_REQUESTS_RUNNING,
             "Number of requests in model execution batches.",
-            engine.running,
+            engine.running if fault is None else fault,
         )
         yield gauge(
             vllm.NUM_REQUESTS_WAITING, "Number of requests waiting to be processed.", engine.waiting
@@ -341,7 +345,7 @@ class EngineCollector(Collector):
         yield gauge(
             vllm.KV_CACHE_USAGE_PERC,
             "KV-cache usage. 1 means 100 percent usage.",
-            engine.cache.kv_usage,
+            engine.cache.kv_usage if fault is None else fault,
         )
         yield counter(
             vllm.PREFIX_CACHE_QUERIES,

@@ -11,7 +11,7 @@ A block is ``block_size`` consecutive tokens, so ``4 * block_size`` characters. 
 as in vLLM's prefix cache): a block matches only when everything before it matches too.
 The hash is BLAKE2b, not Python's ``hash()``: the latter is salted per process
 (``PYTHONHASHSEED``) and an exported cache would never hit in another process, the very
-trap FACTS.md describes for vLLM + LMCache.
+trap docs/background.md ("vLLM interfaces") describes for vLLM + LMCache.
 """
 
 from __future__ import annotations
