@@ -13,11 +13,7 @@
 ARG PYTHON_IMAGE=python:3.11-slim
 
 FROM ${PYTHON_IMAGE} AS build
-# The source folder operator/ would shadow the standard library's `operator` module
-# for any `python -m` run from it (Python puts the working directory first on
-# sys.path); PYTHONSAFEPATH stops that.
-ENV PYTHONSAFEPATH=1 \
-    PIP_NO_CACHE_DIR=1 \
+ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 RUN python -m venv /opt/sessionfleet
@@ -41,11 +37,10 @@ RUN groupadd --system --gid 65532 sessionfleet \
        --home-dir /nonexistent --shell /usr/sbin/nologin sessionfleet
 COPY --from=build /opt/sessionfleet /opt/sessionfleet
 # Unbuffered logs reach `kubectl logs` at once; no .pyc writes on a read-only root
-# filesystem; PYTHONSAFEPATH as above.
+# filesystem.
 ENV PATH=/opt/sessionfleet/bin:$PATH \
     PYTHONUNBUFFERED=1 \
-    PYTHONDONTWRITEBYTECODE=1 \
-    PYTHONSAFEPATH=1
+    PYTHONDONTWRITEBYTECODE=1
 WORKDIR /tmp
 USER 65532:65532
 # Operator metrics, operator health (/healthz), router and simulated engine.

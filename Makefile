@@ -6,10 +6,6 @@
 #   make crds-check  fail when the committed CRDs or chart templates drift from the models
 
 SHELL := /bin/bash
-# The folder operator/ would shadow the standard library's `operator` module for any
-# `python -m` run from the repository root (Python puts the working directory first
-# on sys.path). PYTHONSAFEPATH (Python >= 3.11) stops that.
-export PYTHONSAFEPATH := 1
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -17,9 +13,9 @@ STAMP := $(VENV)/.installed
 
 .PHONY: venv lint typecheck layers crds crds-check chart-docs kustomize-manifests unit test clean
 
-# The editable install is "strict": a link tree under build/ maps operator/ to
-# sessionfleet/ and controllers/ to sessionfleet/controllers/, so mypy, import-linter
-# and other static tools see the package (setuptools' default editable finder is an
+# The editable install is "strict": a link tree under build/ joins the two source roots,
+# operator/sessionfleet/ and controllers/sessionfleet/controllers/, into one package, so
+# mypy, import-linter and other static tools see the package (setuptools' default editable finder is an
 # import hook they cannot follow). The tree is relinked when the list of files changes.
 PKG_FILES := $(sort $(shell find operator controllers -name '*.py' -o -name py.typed))
 FILE_LIST := build/.package-files

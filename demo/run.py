@@ -1,6 +1,6 @@
 """``make demo``: the whole system on a real local control plane.
 
-Run by path from the repository root (``PYTHONSAFEPATH=1 .venv/bin/python demo/run.py``)::
+Run by path from the repository root (``.venv/bin/python demo/run.py``)::
 
     demo/run.py [up] [--fast] [--sessions N] [--drain-mode M] [--checkpoints on|off|both]
     demo/run.py down | status
@@ -303,7 +303,7 @@ class Demo:
         router_cfg = sa_kubeconfig(
             self.cluster, f"{RELEASE}-sessionfleet-router", state.dir / "router.kubeconfig"
         )
-        env = {**os.environ, "PYTHONSAFEPATH": "1"}
+        env = dict(os.environ)
         ports = {name: free_port() for name in ("metrics", "health", "router", "agent")}
         log("running the operator, router and node agent under the chart's ServiceAccount tokens")
         state.add(

@@ -56,7 +56,7 @@ class OperatorProcess:
             "--node-not-ready-toleration=5s",
             *self.extra,
         ]
-        env = {**os.environ, "PYTHONSAFEPATH": "1"}
+        env = dict(os.environ)
         with self.log_path.open("ab") as log:  # the child keeps its own descriptor
             log.write(f"--- start {self.starts}: {' '.join(argv)}\n".encode())
             log.flush()
@@ -237,7 +237,7 @@ class Process:
                 argv,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env={**os.environ, "PYTHONSAFEPATH": "1"},
+                env=dict(os.environ),
             )
 
     def wait_http(self, url: str, timeout: float = 30) -> None:

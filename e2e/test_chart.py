@@ -488,7 +488,7 @@ class RouterProcess:
                 argv,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env={**os.environ, "PYTHONSAFEPATH": "1"},
+                env=dict(os.environ),
             )
 
     def stop(self) -> None:

@@ -22,7 +22,7 @@ from e2e.localcluster._process import ProcessRecord, start_ticks
 
 REPO = Path(__file__).resolve().parents[1]
 RUN = REPO / "demo" / "run.py"
-ENV = {**os.environ, "PYTHONSAFEPATH": "1"}
+ENV = dict(os.environ)
 SLACK = 64  # the engine caches whole blocks
 
 

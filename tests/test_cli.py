@@ -54,11 +54,17 @@ def test_unknown_command_is_a_usage_error(capsys: pytest.CaptureFixture[str]) ->
     assert "invalid choice" in capsys.readouterr().err
 
 
-def test_python_dash_m(tmp_path: Path) -> None:
+@pytest.mark.parametrize("where", ["elsewhere", "root"])
+def test_python_dash_m(tmp_path: Path, where: str) -> None:
+    # From the repository root too, with no environment variable: no folder there
+    # shadows the standard library (the old top-level `operator/` package did).
     env = {k: v for k, v in os.environ.items() if k != "PYTHONSAFEPATH"}
     done = subprocess.run(
-        [sys.executable, "-m", "sessionfleet", "version"],
-        cwd=tmp_path,
+        [sys.executable, "-c", "import operator, sys; operator.eq; sys.argv[0] = 'x'; "
+         "from sessionfleet.cli import main; main(['version'])"]
+        if where == "root"
+        else [sys.executable, "-m", "sessionfleet", "version"],
+        cwd=REPO if where == "root" else tmp_path,
         env=env,
         capture_output=True,
         text=True,

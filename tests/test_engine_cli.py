@@ -72,7 +72,7 @@ def start_engine(
     port = free_port(HOST)
     process = subprocess.Popen(
         [str(SESSIONFLEET), "sim-engine", f"--host={HOST}", f"--port={port}", *args],
-        env={**os.environ, "PYTHONSAFEPATH": "1"},
+        env=dict(os.environ),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -122,7 +122,7 @@ def test_a_snapshot_of_another_model_is_refused(
             "--model=other",
             f"--import-cache={tmp_path}",
         ],
-        env={**os.environ, "PYTHONSAFEPATH": "1"},
+        env=dict(os.environ),
         stderr=subprocess.PIPE,
     )
     engines.append(process)

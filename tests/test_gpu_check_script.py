@@ -25,7 +25,7 @@ def run(*args: str) -> subprocess.CompletedProcess[str]:
         capture_output=True,
         text=True,
         timeout=120,
-        env={**os.environ, "PYTHONSAFEPATH": "1"},
+        env=dict(os.environ),
     )
 
 

@@ -11,7 +11,7 @@ WorkerCheckpoint controller makes — measure:
    and after a failure, restored from a checkpoint taken a few turns earlier versus a
    cold restart.
 
-Run: ``PYTHONSAFEPATH=1 .venv/bin/python bench/checkpoint/run.py`` (about 10 s).
+Run: ``.venv/bin/python bench/checkpoint/run.py`` (about 10 s).
 The simulated engine stores block hashes, not KV tensors, so its sizes are those of
 the snapshot format; the real KV of the same prefix is about 3.8 GB per 100K tokens
 (docs/background.md, "Agentic workloads"), shown beside them for scale.

@@ -2,7 +2,7 @@
 
 Run from the repository root (after ``make venv`` and ``make e2e-tools``)::
 
-    PYTHONSAFEPATH=1 .venv/bin/python bench/operator/run.py [--out FILE]   # make bench-operator
+    .venv/bin/python bench/operator/run.py [--out FILE]   # make bench-operator
 
 It starts a real control plane (the e2e harness: etcd, kube-apiserver, controller
 manager, scheduler, KWOK fake GPU nodes, the pod backer; or uses ``--kubeconfig``),

@@ -2,7 +2,7 @@
 
 Run from the repository root (after ``make venv`` and ``make e2e-tools``)::
 
-    PYTHONSAFEPATH=1 .venv/bin/python bench/router/run.py [--duration 5] [--out FILE]
+    .venv/bin/python bench/router/run.py [--duration 5] [--out FILE]
 
 It starts a real control plane (the e2e harness; or uses ``--kubeconfig``), one
 ``sessionfleet sim-engine`` with no simulated cost, one InferenceWorker pointing at it
@@ -219,7 +219,7 @@ def main() -> int:
         k("create", "namespace", NAMESPACE)
 
         engine_port, router_port = free_port(), free_port()
-        env = {**os.environ, "PYTHONSAFEPATH": "1"}
+        env = dict(os.environ)
         logs = work / "logs"
         logs.mkdir()
         engine = subprocess.Popen(

@@ -75,14 +75,10 @@ def _run(args: argparse.Namespace) -> int:
         print("run: give a command after --", file=sys.stderr)
         return 2
     cluster = LocalCluster.start(gpu_nodes=args.gpu_nodes, gpus_per_node=args.gpus_per_node)
-    # PYTHONSAFEPATH: pytest-xdist starts its workers with `python -c`, which would put
-    # the working directory first on sys.path, where the repository's operator/
-    # package hides the standard library's `operator`.
     env = {
         **os.environ,
         "KUBECONFIG": str(cluster.kubeconfig),
         ENV_KUBECONFIG: str(cluster.kubeconfig),
-        "PYTHONSAFEPATH": "1",
     }
     try:
         child = subprocess.Popen(command, env=env)

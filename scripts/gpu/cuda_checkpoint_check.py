@@ -13,7 +13,7 @@ no usable GPU or driver (the message says why).
 
 Run it from the repository root with the project's virtual environment::
 
-    PYTHONSAFEPATH=1 .venv/bin/python scripts/gpu/cuda_checkpoint_check.py --mib 1024
+    .venv/bin/python scripts/gpu/cuda_checkpoint_check.py --mib 1024
 
 Needs an NVIDIA driver ≥ 570 (``--remap``: ≥ 580 and two GPUs of the same type). CRIU
 is not used: this checks the CUDA half of the ``criu`` driver (docs/checkpoints.md).

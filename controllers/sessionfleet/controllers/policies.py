@@ -8,7 +8,7 @@ governs (the same resolution the workers' drains use), how many of them are drai
 whose status differs from what the watch last showed. A policy whose last write has
 not come back through the watch yet is left for a later pass, so a pass never writes
 the same change twice. One policy's failed write is recorded on it as
-``Reconciled=False`` and stops no other (controllers/faults.py).
+``Reconciled=False`` and stops no other (controllers/sessionfleet/controllers/faults.py).
 """
 
 from __future__ import annotations

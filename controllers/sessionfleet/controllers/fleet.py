@@ -141,7 +141,7 @@ class Fleet:
     faults: Faults = field(default_factory=Faults)
     node_gate: NodeRecoveryGate = field(default_factory=lambda: NodeRecoveryGate(0))
     """This pass's budget for moving workers off NotReady nodes (set by the loop)."""
-    """Objects whose last reconcile failed (controllers/faults.py)."""
+    """Objects whose last reconcile failed (controllers/sessionfleet/controllers/faults.py)."""
     ledger: BindingLedger = field(default_factory=BindingLedger)
     stats: dict[Key, EngineStats] = field(default_factory=dict)
     hold_writes: dict[tuple[str, Key], float] = field(default_factory=dict)
