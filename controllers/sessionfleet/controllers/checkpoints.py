@@ -48,6 +48,7 @@ from sessionfleet.policy.checkpoint import (
     retention_victims,
 )
 from sessionfleet.policy.worker import ConditionPlan
+from sessionfleet.resources.labels import WORKER_LABEL
 from sessionfleet.resources.pods import owner_reference
 
 log = logging.getLogger(__name__)
@@ -219,7 +220,7 @@ async def create(
         "metadata": {
             "name": name,
             "namespace": record.namespace,
-            "labels": {"sessionfleet.dev/worker": record.name},
+            "labels": {WORKER_LABEL: record.name},
             "ownerReferences": [{**owner_reference(worker), "controller": False}],
         },
         "spec": {"worker": record.name, "reason": reason.value, "sessions": list(sessions)},

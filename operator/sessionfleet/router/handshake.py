@@ -17,6 +17,7 @@ from collections import Counter
 from datetime import UTC, datetime
 from typing import Any, Final
 
+from sessionfleet.api import SessionPhase
 from sessionfleet.kube import LEASES, SESSIONS, Conflict, Kube, KubeError, NotFound
 from sessionfleet.policy.handshake import ACK_PREFIX, ROUTER_COMPONENT, ROUTER_COMPONENT_LABEL
 from sessionfleet.router.bindings import BindingTable
@@ -114,7 +115,7 @@ class Acknowledger:
         due = []
         for session in self.table.sessions():
             since = session.migrating_since
-            if session.phase != "Migrating" or since is None:
+            if session.phase != SessionPhase.MIGRATING or since is None:
                 continue
             if session.acks.get(self.key) == since or (session.name, since) in self._acknowledged:
                 continue

@@ -29,6 +29,7 @@ from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
+from sessionfleet.api import SessionPhase
 from sessionfleet.engines import FORWARDED_SESSION_HEADER
 from sessionfleet.engines.vllm import Usage
 from sessionfleet.router.admission import ApiKeys, AuthError, SessionRates
@@ -284,7 +285,7 @@ class Proxy:
 
     def _decide(self, session: SessionView) -> WorkerView | str:
         """Return the worker for a bound session's turn, or why the turn must wait."""
-        if session.phase == "Finished":
+        if session.phase == SessionPhase.FINISHED:
             raise RouterError(
                 409,
                 "session_finished",
@@ -292,7 +293,7 @@ class Proxy:
             )
         if session.phase in HELD_PHASES:
             return f"is {session.phase}"
-        if session.phase == "Lost":
+        if session.phase == SessionPhase.LOST:
             # Its worker was deleted and the operator does not rebind it: the turns go
             # where the session id hashes among the Ready workers, the same on every
             # replica, so the session rebuilds its cache in one place.
