@@ -60,8 +60,12 @@ def test_python_dash_m(tmp_path: Path, where: str) -> None:
     # shadows the standard library (the old top-level `operator/` package did).
     env = {k: v for k, v in os.environ.items() if k != "PYTHONSAFEPATH"}
     done = subprocess.run(
-        [sys.executable, "-c", "import operator, sys; operator.eq; sys.argv[0] = 'x'; "
-         "from sessionfleet.cli import main; main(['version'])"]
+        [
+            sys.executable,
+            "-c",
+            "import operator, sys; operator.eq; sys.argv[0] = 'x'; "
+            "from sessionfleet.cli import main; main(['version'])",
+        ]
         if where == "root"
         else [sys.executable, "-m", "sessionfleet", "version"],
         cwd=REPO if where == "root" else tmp_path,

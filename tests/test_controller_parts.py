@@ -8,8 +8,9 @@ from sessionfleet.api import ConditionStatus, ConditionType, Reason, SessionPhas
 from sessionfleet.controllers.fleet import Freshness
 from sessionfleet.controllers.loop import parse_engine_metrics
 from sessionfleet.controllers.records import session_record, worker_record
-from sessionfleet.controllers.status import merge_conditions, status_patch
+from sessionfleet.controllers.status import status_patch
 from sessionfleet.policy.worker import ConditionPlan
+from sessionfleet.resources.status import merge_conditions
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 

@@ -15,12 +15,9 @@ from datetime import datetime
 from typing import Any
 
 from sessionfleet.api import (
-    API_VERSION,
     CheckpointDriver,
     CheckpointPhase,
     CheckpointReason,
-    ConditionStatus,
-    ConditionType,
     InferenceWorker,
     Reason,
     WorkerPhase,
@@ -36,7 +33,6 @@ from sessionfleet.checkpoint import (
 from sessionfleet.controllers import metrics
 from sessionfleet.controllers.fleet import Fleet
 from sessionfleet.controllers.records import WorkerRecord
-from sessionfleet.controllers.status import iso, merge_conditions
 from sessionfleet.kube import CHECKPOINTS, Conflict, KubeError, NotFound
 from sessionfleet.policy.checkpoint import (
     CheckpointState,
@@ -47,9 +43,13 @@ from sessionfleet.policy.checkpoint import (
     periodic_due,
     retention_victims,
 )
-from sessionfleet.policy.worker import ConditionPlan
-from sessionfleet.resources.labels import WORKER_LABEL
-from sessionfleet.resources.pods import owner_reference
+from sessionfleet.resources.checkpoints import build_checkpoint
+from sessionfleet.resources.status import (
+    checkpoint_failed_status,
+    checkpoint_refused_status,
+    checkpoint_running_status,
+    checkpoint_succeeded_status,
+)
 
 log = logging.getLogger(__name__)
 
@@ -92,30 +92,6 @@ async def _patch(fleet: Fleet, checkpoint: CheckpointState, status: dict[str, An
     fleet.freshness.mark((checkpoint.namespace, f"checkpoint/{checkpoint.name}"), body)
 
 
-def outcome_conditions(reason: Reason, message: str, now: datetime) -> list[dict[str, Any]]:
-    """Return the checkpoint's ``Checkpointed`` condition for how it ended.
-
-    True with ``CheckpointSucceeded``; False with ``DriverUnsupported`` when the driver
-    cannot work here at all (nothing was attempted), else ``CheckpointFailed``.
-    """
-    status = (
-        ConditionStatus.TRUE if reason is Reason.CHECKPOINT_SUCCEEDED else ConditionStatus.FALSE
-    )
-    return merge_conditions(
-        [], [ConditionPlan(ConditionType.CHECKPOINTED, status, reason, message)], now
-    )
-
-
-def failed_status(reason: Reason, error: str, now: datetime) -> dict[str, Any]:
-    """Return the status of a checkpoint that was not written: Failed, with why."""
-    return {
-        "phase": CheckpointPhase.FAILED.value,
-        "error": error,
-        "completedAt": iso(now),
-        "conditions": outcome_conditions(reason, error, now),
-    }
-
-
 async def save(
     fleet: Fleet, checkpoint: CheckpointState, now: datetime
 ) -> CheckpointOutcome | None:
@@ -125,7 +101,9 @@ async def save(
         await _patch(
             fleet,
             checkpoint,
-            failed_status(Reason.CHECKPOINT_FAILED, f"worker {checkpoint.worker} not found", now),
+            checkpoint_failed_status(
+                Reason.CHECKPOINT_FAILED, f"worker {checkpoint.worker} not found", now
+            ),
         )
         return None
     worker = record.worker
@@ -152,13 +130,9 @@ async def save(
         failure = (Reason.CHECKPOINT_FAILED, f"worker {checkpoint.worker} has no serving pod")
     if failure is not None or target is None or driver is None:
         reason, error = failure or (Reason.CHECKPOINT_FAILED, "nothing to checkpoint")
-        await _patch(fleet, checkpoint, failed_status(reason, error, now))
+        await _patch(fleet, checkpoint, checkpoint_failed_status(reason, error, now))
         return None
-    await _patch(
-        fleet,
-        checkpoint,
-        {"phase": CheckpointPhase.RUNNING.value, "startedAt": iso(now), "epoch": target.epoch},
-    )
+    await _patch(fleet, checkpoint, checkpoint_running_status(target.epoch, now))
     try:
         async with asyncio.timeout(fleet.config.checkpoint_timeout.total_seconds()):
             outcome = await driver.save(target)
@@ -174,30 +148,21 @@ async def save(
             if isinstance(error, DriverUnavailable)
             else Reason.CHECKPOINT_FAILED
         )
-        await _patch(fleet, checkpoint, failed_status(reason, str(error), now))
+        await _patch(fleet, checkpoint, checkpoint_failed_status(reason, str(error), now))
         log.warning("checkpoint %s/%s failed: %s", checkpoint.namespace, checkpoint.name, error)
         return None
     done = datetime.now(now.tzinfo)
     await _patch(
         fleet,
         checkpoint,
-        {
-            "phase": CheckpointPhase.SUCCEEDED.value,
-            "completedAt": iso(done),
-            "durationSeconds": round(outcome.seconds, 6),
-            "sizeBytes": outcome.size_bytes,
-            "location": outcome.location,
-            "sessions": [
-                {"sessionId": sid, "tokens": tokens}
-                for sid, tokens in sorted(outcome.sessions.items())
-            ],
-            "totalTokens": outcome.total_tokens,
-            "conditions": outcome_conditions(
-                Reason.CHECKPOINT_SUCCEEDED,
-                f"{outcome.total_tokens} tokens of {len(outcome.sessions)} session(s)",
-                done,
-            ),
-        },
+        checkpoint_succeeded_status(
+            completed_at=done,
+            seconds=outcome.seconds,
+            size_bytes=outcome.size_bytes,
+            location=outcome.location,
+            sessions=outcome.sessions,
+            total_tokens=outcome.total_tokens,
+        ),
     )
     metrics.CHECKPOINTS.labels(checkpoint.reason.value).inc()
     return outcome
@@ -214,17 +179,7 @@ async def create(
     """Create a WorkerCheckpoint object owned by the worker; return its state."""
     epoch = record.status.epoch or 0
     name = checkpoint_name(record.name, reason, epoch, now)
-    body = {
-        "apiVersion": API_VERSION,
-        "kind": "WorkerCheckpoint",
-        "metadata": {
-            "name": name,
-            "namespace": record.namespace,
-            "labels": {WORKER_LABEL: record.name},
-            "ownerReferences": [{**owner_reference(worker), "controller": False}],
-        },
-        "spec": {"worker": record.name, "reason": reason.value, "sessions": list(sessions)},
-    }
+    body = build_checkpoint(worker, name, record.namespace, record.name, reason, sessions)
     key = (record.namespace, name)
     fleet.created_checkpoints.add(key)
     try:
@@ -251,17 +206,7 @@ async def refuse(
     fleet: Fleet, checkpoint: CheckpointState, reason: Reason, problem: str, now: datetime
 ) -> None:
     """Mark a checkpoint the operator will not run: Failed, with ``Valid=False`` saying why."""
-    valid = ConditionPlan(ConditionType.VALID, ConditionStatus.FALSE, reason, problem)
-    await _patch(
-        fleet,
-        checkpoint,
-        {
-            "phase": CheckpointPhase.FAILED.value,
-            "error": problem,
-            "completedAt": iso(now),
-            "conditions": merge_conditions([], [valid], now),
-        },
-    )
+    await _patch(fleet, checkpoint, checkpoint_refused_status(reason, problem, now))
     log.warning("checkpoint %s/%s refused: %s", *checkpoint.key, problem)
 
 
@@ -303,7 +248,7 @@ async def reconcile_checkpoints(
             await _patch(
                 fleet,
                 checkpoint,
-                failed_status(
+                checkpoint_failed_status(
                     Reason.CHECKPOINT_FAILED,
                     "no operator finished it within "
                     f"{timeout.total_seconds():g} s (the one that started it stopped)",

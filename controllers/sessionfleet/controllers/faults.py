@@ -20,9 +20,9 @@ from typing import Any, Final
 
 from sessionfleet.api import ConditionStatus, ConditionType, Reason
 from sessionfleet.controllers.records import Key
-from sessionfleet.controllers.status import merge_conditions
 from sessionfleet.kube import Conflict, KubeError, NotFound, Resource
 from sessionfleet.policy.worker import ConditionPlan
+from sessionfleet.resources.status import merge_conditions
 
 log = logging.getLogger(__name__)
 

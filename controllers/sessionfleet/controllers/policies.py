@@ -25,9 +25,10 @@ from sessionfleet.controllers import metrics
 from sessionfleet.controllers.faults import Job, reconciled_condition, run_isolated, with_condition
 from sessionfleet.controllers.fleet import Fleet
 from sessionfleet.controllers.records import Key, PolicyRecord, WorkerRecord
-from sessionfleet.controllers.status import merge_conditions, status_patch
+from sessionfleet.controllers.status import status_patch
 from sessionfleet.kube import DRAIN_POLICIES, NotFound
 from sessionfleet.policy.policies import PolicyStatusPlan, WorkerView, plan_policy_statuses
+from sessionfleet.resources.status import merge_conditions, policy_status
 
 log = logging.getLogger(__name__)
 
@@ -46,15 +47,15 @@ def worker_view(record: WorkerRecord) -> WorkerView | None:
 
 def desired_status(record: PolicyRecord, plan: PolicyStatusPlan, now: datetime) -> dict[str, Any]:
     """Return the status the plan describes, as the API server would store it."""
-    return {
-        "observedGeneration": record.generation,
-        "matchedWorkers": len(plan.matched),
-        "workers": list(plan.listed) or None,
-        "activeDrains": plan.active_drains,
-        "conditions": merge_conditions(
+    return policy_status(
+        observed_generation=record.generation,
+        matched_workers=len(plan.matched),
+        workers=plan.listed,
+        active_drains=plan.active_drains,
+        conditions=merge_conditions(
             record.raw_status.get("conditions") or [], plan.conditions, now, record.generation
         ),
-    }
+    )
 
 
 def desired_statuses(fleet: Fleet, now: datetime) -> list[tuple[PolicyRecord, dict[str, Any]]]:

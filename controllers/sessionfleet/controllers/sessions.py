@@ -14,8 +14,6 @@ from typing import Any
 from sessionfleet.api import (
     CheckpointDriver,
     CheckpointReason,
-    ConditionStatus,
-    ConditionType,
     InferenceWorker,
     MigrationReason,
     Reason,
@@ -25,7 +23,6 @@ from sessionfleet.checkpoint import CheckpointOutcome, DriverError
 from sessionfleet.controllers import checkpoints, metrics
 from sessionfleet.controllers.fleet import Fleet
 from sessionfleet.controllers.records import WorkerRecord
-from sessionfleet.controllers.status import iso
 from sessionfleet.kube import SESSIONS, KubeError, NotFound
 from sessionfleet.policy.migration import MigrationAction, plan_migration
 from sessionfleet.policy.placement import PlacementRequest, place
@@ -36,18 +33,16 @@ from sessionfleet.policy.sessions import (
     WorkerBrief,
     decide_session,
 )
+from sessionfleet.resources.status import (
+    migration,
+    session_bound_status,
+    session_migrating_status,
+    session_pending_status,
+    session_phase_status,
+    session_rebound_status,
+)
 
 log = logging.getLogger(__name__)
-
-
-def _ready_condition(ready: bool, reason: Reason, message: str, now: datetime) -> dict[str, Any]:
-    return {
-        "type": ConditionType.READY.value,
-        "status": (ConditionStatus.TRUE if ready else ConditionStatus.FALSE).value,
-        "reason": reason.value,
-        "message": message,
-        "lastTransitionTime": iso(now),
-    }
 
 
 async def _patch_status(fleet: Fleet, session: SessionState, status: dict[str, Any]) -> bool:
@@ -119,24 +114,15 @@ async def _act(
         # session Finished past its TTL and delete it again: one 404 DELETE per pass.
         fleet.deleted_sessions[session.key] = session.resource_version
     elif decision.action is Action.UPDATE and decision.phase is not None:
-        status: dict[str, Any] = {
-            "phase": decision.phase.value,
-            "observedGeneration": session.generation,
-            "conditions": [
-                _ready_condition(
-                    decision.phase is SessionPhase.BOUND,
-                    decision.reason or Reason.BOUND,
-                    decision.message,
-                    now,
-                )
-            ],
-        }
-        if decision.phase is SessionPhase.FINISHED:
-            status["finishedAt"] = iso(now)
-        if decision.phase is SessionPhase.BOUND:
-            brief = _brief(fleet, session)
-            if brief is not None:
-                status.update(epoch=brief.epoch, pod=brief.pod)
+        brief = _brief(fleet, session) if decision.phase is SessionPhase.BOUND else None
+        status = session_phase_status(
+            decision.phase,
+            session.generation,
+            decision.reason or Reason.BOUND,
+            decision.message,
+            now,
+            binding=(brief.epoch, brief.pod) if brief is not None else None,
+        )
         await _patch_status(fleet, session, status)
 
 
@@ -163,11 +149,7 @@ async def bind(fleet: Fleet, session: SessionState, now: datetime) -> None:
         await _patch_status(
             fleet,
             session,
-            {
-                "phase": SessionPhase.PENDING.value,
-                "observedGeneration": session.generation,
-                "conditions": [_ready_condition(False, placement.reason, placement.message, now)],
-            },
+            session_pending_status(session.generation, placement.reason, placement.message, now),
         )
         return
     record = fleet.worker(session.namespace, placement.worker)
@@ -176,15 +158,14 @@ async def bind(fleet: Fleet, session: SessionState, now: datetime) -> None:
     bound = await _patch_status(
         fleet,
         session,
-        {
-            "phase": SessionPhase.BOUND.value,
-            "worker": placement.worker,
-            "pod": status.pod if status else None,
-            "epoch": status.epoch if status else None,
-            "boundAt": iso(now),
-            "observedGeneration": session.generation,
-            "conditions": [_ready_condition(True, Reason.BOUND, placement.message, now)],
-        },
+        session_bound_status(
+            placement.worker,
+            status.pod if status else None,
+            status.epoch if status else None,
+            session.generation,
+            placement.message,
+            now,
+        ),
     )
     if not bound:
         fleet.ledger.settle(session.key)
@@ -274,15 +255,7 @@ async def _move(
 
 async def _mark_migrating(fleet: Fleet, session: SessionState, message: str, now: datetime) -> None:
     """Start the turn-boundary handshake: routers hold the session's next turn and ack."""
-    await _patch_status(
-        fleet,
-        session,
-        {
-            "phase": SessionPhase.MIGRATING.value,
-            "migratingSince": iso(now),
-            "conditions": [_ready_condition(False, Reason.MIGRATING, message, now)],
-        },
-    )
+    await _patch_status(fleet, session, session_migrating_status(message, now))
 
 
 async def _save_for_migration(
@@ -336,36 +309,24 @@ async def _rebind(
 ) -> None:
     record = fleet.worker(session.namespace, target)
     status = record.status if record is not None else None
-    migration: dict[str, Any] = {
-        "from": source,
-        "to": target,
-        "reason": MigrationReason.DRAIN.value,
-        "at": iso(now),
-    }
+    checkpoint = None
     if saved is not None:
-        name, outcome = saved
-        migration["checkpoint"] = name
-        migration["recomputedTokens"] = 0
-        how = f"through checkpoint {name} ({outcome.sessions.get(session.session_id, 0)} tokens)"
+        checkpoint, outcome = saved
+        tokens = outcome.sessions.get(session.session_id, 0)
+        how = f"through checkpoint {checkpoint} ({tokens} tokens)"
     else:
         how = "without cache: its prefix is recomputed at the next turn"
     moved = await _patch_status(
         fleet,
         session,
-        {
-            "phase": SessionPhase.BOUND.value,
-            "worker": target,
-            "pod": status.pod if status else None,
-            "epoch": status.epoch if status else None,
-            "boundAt": iso(now),
-            "migratingSince": None,
-            "migrations": [*session.migrations, migration],
-            "conditions": [
-                _ready_condition(
-                    True, Reason.BOUND, f"migrated from draining worker {source} {how}; {why}", now
-                )
-            ],
-        },
+        session_rebound_status(
+            target,
+            status.pod if status else None,
+            status.epoch if status else None,
+            [*session.migrations, migration(source, target, now, checkpoint)],
+            f"migrated from draining worker {source} {how}; {why}",
+            now,
+        ),
     )
     if moved:
         metrics.MIGRATIONS.labels(MigrationReason.DRAIN.value).inc()

@@ -1,44 +1,13 @@
-"""Status as an API: conditions with stable transition times, and patches of what changed."""
+"""Status as an API: patches of what changed.
+
+The statuses and conditions themselves are built from the API models by
+:mod:`sessionfleet.resources.status`.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from datetime import datetime
 from typing import Any
-
-from sessionfleet.policy.worker import ConditionPlan
-
-
-def iso(moment: datetime | None) -> str | None:
-    """RFC 3339 in UTC with a Z, as the API server writes timestamps."""
-    if moment is None:
-        return None
-    return moment.isoformat().replace("+00:00", "Z")
-
-
-def merge_conditions(
-    existing: Iterable[Mapping[str, Any]],
-    planned: Iterable[ConditionPlan],
-    now: datetime,
-    generation: int | None = None,
-) -> list[dict[str, Any]]:
-    """Return the planned conditions, keeping lastTransitionTime where status is unchanged."""
-    before = {c.get("type"): c for c in existing}
-    out = []
-    for cond in planned:
-        old = before.get(cond.type.value, {})
-        same = old.get("status") == cond.status.value
-        entry: dict[str, Any] = {
-            "type": cond.type.value,
-            "status": cond.status.value,
-            "reason": cond.reason.value,
-            "message": cond.message,
-            "lastTransitionTime": old.get("lastTransitionTime") if same else iso(now),
-        }
-        if generation is not None:
-            entry["observedGeneration"] = generation
-        out.append(entry)
-    return out
 
 
 def _comparable(conditions: Iterable[Mapping[str, Any]]) -> list[tuple[Any, ...]]:

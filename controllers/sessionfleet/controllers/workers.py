@@ -21,6 +21,7 @@ from sessionfleet.api import (
     ConditionType,
     HoldMechanism,
     InferenceWorker,
+    InferenceWorkerStatus,
     Reason,
     WorkerPhase,
 )
@@ -32,12 +33,18 @@ from sessionfleet.controllers.faults import reconciled_condition
 from sessionfleet.controllers.fleet import EngineStats, Fleet
 from sessionfleet.controllers.records import Key, WorkerRecord
 from sessionfleet.controllers.sessions import migrate_sessions
-from sessionfleet.controllers.status import iso, merge_conditions, status_patch
+from sessionfleet.controllers.status import status_patch
 from sessionfleet.kube import PDBS, PODS, WORKERS, Conflict, KubeError, NotFound
 from sessionfleet.policy.checkpoint import latest_usable
 from sessionfleet.policy.drain import PinnedSession, resolve_policy
 from sessionfleet.policy.worker import ConditionPlan, WorkerObservation, WorkerPlan, plan_worker
 from sessionfleet.resources.pods import build_pdb, build_pod, hold_annotations
+from sessionfleet.resources.status import (
+    invalid_worker_status,
+    merge_conditions,
+    wire_names,
+    worker_status,
+)
 
 log = logging.getLogger(__name__)
 
@@ -106,31 +113,33 @@ def desired_status(
                 f"{usable.name}: {usable.captured_tokens} tokens from epoch {usable.epoch}",
             )
         )
-    return {
-        "observedGeneration": worker.metadata.generation,
-        "phase": plan.phase.value,
-        "epoch": plan.epoch,
-        "pod": plan.pod,
-        "node": plan.node,
-        "endpoint": plan.endpoint,
-        "pinnedSessions": len(pinned),
-        "activeSessions": len(active),
-        "kvCacheUsagePercent": round(100 * stats.kv_usage) if stats.kv_usage is not None else None,
-        "prefixHitRatePercent": hit_rate,
-        "runningRequests": stats.running,
-        "waitingRequests": stats.waiting,
-        "drainStartedAt": iso(plan.drain_started_at),
-        "consecutiveFailures": plan.consecutive_failures or None,
-        "lastRecoveryAt": iso(plan.last_recovery_at),
-        "lastCheckpoint": usable.name if usable is not None else None,
-        "restoreCount": restores or None,
-        "conditions": merge_conditions(
+    return worker_status(
+        observed_generation=worker.metadata.generation,
+        phase=plan.phase,
+        epoch=plan.epoch,
+        pod=plan.pod,
+        node=plan.node,
+        endpoint=plan.endpoint,
+        pinned_sessions=len(pinned),
+        active_sessions=len(active),
+        kv_cache_usage_percent=(
+            round(100 * stats.kv_usage) if stats.kv_usage is not None else None
+        ),
+        prefix_hit_rate_percent=hit_rate,
+        running_requests=stats.running,
+        waiting_requests=stats.waiting,
+        drain_started_at=plan.drain_started_at,
+        consecutive_failures=plan.consecutive_failures or None,
+        last_recovery_at=plan.last_recovery_at,
+        last_checkpoint=usable.name if usable is not None else None,
+        restore_count=restores or None,
+        conditions=merge_conditions(
             record.raw_status.get("conditions") or [],
             conditions,
             now,
             worker.metadata.generation,
         ),
-    }
+    )
 
 
 def engine_metrics_condition(stats: EngineStats) -> ConditionPlan:
@@ -147,15 +156,14 @@ def engine_metrics_condition(stats: EngineStats) -> ConditionPlan:
     )
 
 
-COUNTER_FIELDS = frozenset(
-    {
-        "pinnedSessions",
-        "activeSessions",
-        "kvCacheUsagePercent",
-        "prefixHitRatePercent",
-        "runningRequests",
-        "waitingRequests",
-    }
+COUNTER_FIELDS = wire_names(
+    InferenceWorkerStatus,
+    "pinned_sessions",
+    "active_sessions",
+    "kv_cache_usage_percent",
+    "prefix_hit_rate_percent",
+    "running_requests",
+    "waiting_requests",
 )
 """Status fields that only count: they move with every bind, finish and scrape."""
 
@@ -191,10 +199,9 @@ async def reconcile_invalid(fleet: Fleet, record: WorkerRecord, now: datetime) -
     invalid = ConditionPlan(
         ConditionType.VALID, ConditionStatus.FALSE, Reason.INVALID_SPEC, record.invalid or ""
     )
-    desired = {
-        "phase": WorkerPhase.FAILED.value,
-        "conditions": merge_conditions(record.raw_status.get("conditions") or [], [invalid], now),
-    }
+    desired = invalid_worker_status(
+        merge_conditions(record.raw_status.get("conditions") or [], [invalid], now)
+    )
     patch = status_patch(record.raw_status, desired)
     if patch:
         await write_status(fleet, record, patch)

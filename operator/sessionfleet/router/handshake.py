@@ -13,23 +13,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import Counter
-from datetime import UTC, datetime
 from typing import Any, Final
 
 from sessionfleet.api import SessionPhase
 from sessionfleet.kube import LEASES, SESSIONS, Conflict, Kube, KubeError, NotFound
-from sessionfleet.policy.handshake import ACK_PREFIX, ROUTER_COMPONENT, ROUTER_COMPONENT_LABEL
+from sessionfleet.policy.handshake import ACK_PREFIX
+from sessionfleet.resources.leases import lease_renewal, router_lease, router_lease_name
+from sessionfleet.resources.sessions import acknowledgement_patch
 from sessionfleet.router.bindings import BindingTable
 
 logger = logging.getLogger("sessionfleet.router")
 
 LEASE_DURATION_SECONDS: Final = 15
 RENEW_EVERY_SECONDS: Final = 5.0
-
-
-def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
 class LeaseKeeper:
@@ -39,33 +37,16 @@ class LeaseKeeper:
         self.kube = kube
         self.namespace = namespace
         self.replica = replica
-        self.name = f"router-{replica}"[:253]
+        self.name = router_lease_name(replica)
 
     def _body(self) -> dict[str, Any]:
-        now = _now()
-        return {
-            "apiVersion": "coordination.k8s.io/v1",
-            "kind": "Lease",
-            "metadata": {
-                "name": self.name,
-                "labels": {ROUTER_COMPONENT_LABEL: ROUTER_COMPONENT},
-            },
-            "spec": {
-                "holderIdentity": self.replica,
-                "leaseDurationSeconds": LEASE_DURATION_SECONDS,
-                "acquireTime": now,
-                "renewTime": now,
-            },
-        }
+        return router_lease(self.replica, duration_seconds=LEASE_DURATION_SECONDS, now=time.time())
 
     async def renew(self) -> None:
         """Create the Lease, or move its renewTime forward."""
         try:
             await self.kube.patch(
-                LEASES,
-                self.name,
-                {"spec": {"renewTime": _now(), "holderIdentity": self.replica}},
-                self.namespace,
+                LEASES, self.name, lease_renewal(self.replica, now=time.time()), self.namespace
             )
         except NotFound:
             try:
@@ -125,9 +106,10 @@ class Acknowledger:
 
     async def acknowledge(self, name: str, since: str) -> None:
         """Write this replica's acknowledgement on the session."""
-        body = {"metadata": {"annotations": {self.key: since}}}
         try:
-            await self.kube.patch(SESSIONS, name, body, self.namespace)
+            await self.kube.patch(
+                SESSIONS, name, acknowledgement_patch(self.key, since), self.namespace
+            )
         except NotFound:
             return
         self._acknowledged.add((name, since))

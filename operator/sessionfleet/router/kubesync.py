@@ -22,7 +22,7 @@ from typing import Any, Final
 
 from pydantic import ValidationError
 
-from sessionfleet.api import API_VERSION, AgentSessionSpec
+from sessionfleet.api import AgentSessionSpec
 from sessionfleet.kube import (
     SESSIONS,
     WORKERS,
@@ -35,8 +35,8 @@ from sessionfleet.kube import (
     reflect,
 )
 from sessionfleet.policy.placement import PlacementRequest, place
-from sessionfleet.resources.labels import CREATED_BY_ANNOTATION, OWNER_LABEL
 from sessionfleet.resources.names import label_value
+from sessionfleet.resources.sessions import agent_session, finished_patch
 from sessionfleet.router.admission import NewSessionLimiter, SessionRates
 from sessionfleet.router.bindings import BindingTable, SessionView
 from sessionfleet.router.errors import RouterError
@@ -274,20 +274,7 @@ def new_session(
         client=identity.client,
         worker_hint=worker_hint,
     )
-    metadata: dict[str, Any] = {
-        "name": name,
-        "namespace": namespace,
-        "annotations": {CREATED_BY_ANNOTATION: replica},
-    }
-    label = owner_label(owner)
-    if label is not None:
-        metadata["labels"] = {OWNER_LABEL: label}
-    return {
-        "apiVersion": API_VERSION,
-        "kind": "AgentSession",
-        "metadata": metadata,
-        "spec": spec.model_dump(by_alias=True, exclude_defaults=True, mode="json"),
-    }
+    return agent_session(name, namespace, spec, created_by=replica, owner_label=owner_label(owner))
 
 
 class Flusher:
@@ -364,9 +351,7 @@ class Flusher:
         try:
             await self._flush_one(name, time.time())
             async with self._slots:
-                await self._kube.patch(
-                    SESSIONS, name, {"spec": {"finished": True}}, self._namespace
-                )
+                await self._kube.patch(SESSIONS, name, finished_patch(), self._namespace)
         except NotFound:
             pass
         except KubeError as error:

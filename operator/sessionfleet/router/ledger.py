@@ -17,10 +17,21 @@ Pure: no I/O, and time is passed in (tests use virtual time).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, Final
 
 from sessionfleet.engines.vllm import Usage
+from sessionfleet.resources.times import rfc3339
+from sessionfleet.resources.usage import UsageFigures, usage_status_patch
+
+__all__ = [
+    "Totals",
+    "UsageLedger",
+    "rfc3339",
+    "status_patch",
+    "turn_totals",
+    "usage_figures",
+]
 
 _EARLIEST: Final = 1e-6
 """A first-turn time before any real turn (0 means none)."""
@@ -134,37 +145,37 @@ def turn_totals(usage: Usage | None, *, started: float, now: float) -> Totals:
     )
 
 
-def rfc3339(timestamp: float, *, micros: bool = False) -> str:
-    """Return a Unix time as the API server writes times: ``2026-11-29T14:00:00Z``.
+def usage_figures(total: Totals) -> UsageFigures:
+    """Return the status figures of ``total``: its counters, hit rate and first turn.
 
-    ``micros`` keeps the fraction (``…14:00:00.123456Z``), for times that order turns.
+    The hit rate is rounded to two decimals and capped at 100 (an observed status may
+    count more cached than prompt tokens). The last activity is left out while unknown,
+    and the first turn while only a placeholder (:data:`_EARLIEST`) stands for it.
     """
-    pattern = "%Y-%m-%dT%H:%M:%S.%fZ" if micros else "%Y-%m-%dT%H:%M:%SZ"
-    return datetime.fromtimestamp(timestamp, UTC).strftime(pattern)
+    hit_rate = 100.0 * total.cached_tokens / total.prompt_tokens if total.prompt_tokens else 0.0
+    first_turn_known = total.first_turn_at > _EARLIEST
+    return UsageFigures(
+        turns=total.turns,
+        prompt_tokens=total.prompt_tokens,
+        cached_tokens=total.cached_tokens,
+        completion_tokens=total.completion_tokens,
+        recomputed_tokens=total.recomputed_tokens,
+        hit_rate_percent=round(min(hit_rate, 100.0), 2),
+        last_activity=total.last_activity or None,
+        first_turn_at=total.first_turn_at if first_turn_known else None,
+        first_turn_uncached_tokens=total.first_turn_uncached,
+    )
 
 
 def status_patch(observed: Totals, delta: Totals, resource_version: str) -> dict[str, Any]:
     """Return the merge patch that adds ``delta`` to the ``observed`` status.
 
     The ``resourceVersion`` makes it conditional: the API server answers 409 when the
-    object changed since it was observed, and the caller re-reads and retries.
+    object changed since it was observed, and the caller re-reads and retries. The
+    ledger decides the figures; :func:`sessionfleet.resources.usage.usage_status_patch`
+    shapes the body from the AgentSession status model.
     """
-    total = observed.add(delta)
-    hit_rate = 100.0 * total.cached_tokens / total.prompt_tokens if total.prompt_tokens else 0.0
-    status: dict[str, Any] = {
-        "turns": total.turns,
-        "promptTokens": total.prompt_tokens,
-        "cachedTokens": total.cached_tokens,
-        "completionTokens": total.completion_tokens,
-        "recomputedTokens": total.recomputed_tokens,
-        "hitRatePercent": round(min(hit_rate, 100.0), 2),
-    }
-    if total.last_activity:
-        status["lastActivity"] = rfc3339(total.last_activity)
-    if total.first_turn_at > _EARLIEST:
-        status["firstTurnAt"] = rfc3339(total.first_turn_at, micros=True)
-        status["firstTurnUncachedTokens"] = total.first_turn_uncached
-    return {"metadata": {"resourceVersion": resource_version}, "status": status}
+    return usage_status_patch(usage_figures(observed.add(delta)), resource_version)
 
 
 class UsageLedger:
