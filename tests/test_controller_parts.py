@@ -179,3 +179,13 @@ def test_fault_messages_are_one_bounded_line() -> None:
         ("Ready", "True"),
         ("Reconciled", "False"),
     ]
+
+
+def test_engine_figures_out_of_range_are_clamped() -> None:
+    text = """vllm:num_requests_running -3
+vllm:num_requests_waiting -1
+vllm:prefix_cache_hits_total -5
+vllm:prefix_cache_queries_total 10
+"""
+    stats = parse_engine_metrics(text)
+    assert (stats.running, stats.waiting, stats.prefix_hits) == (0, 0, 0.0)

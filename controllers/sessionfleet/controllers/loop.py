@@ -206,12 +206,16 @@ def parse_engine_metrics(text: str) -> EngineStats:
     kv_usage = values.get(vllm.KV_CACHE_USAGE_PERC)
     return EngineStats(
         kv_usage=min(max(kv_usage, 0.0), 1.0) if kv_usage is not None else None,
-        prefix_hits=values.get(_HITS),
-        prefix_queries=values.get(_QUERIES),
-        running=int(running) if running is not None else None,
-        waiting=int(waiting) if waiting is not None else None,
+        prefix_hits=_non_negative(values.get(_HITS)),
+        prefix_queries=_non_negative(values.get(_QUERIES)),
+        running=max(0, int(running)) if running is not None else None,
+        waiting=max(0, int(waiting)) if waiting is not None else None,
         ignored=tuple(sorted(ignored)),
     )
+
+
+def _non_negative(value: float | None) -> float | None:
+    return None if value is None else max(0.0, value)
 
 
 async def scrape_worker(fleet: Fleet, key: tuple[str, str], endpoint: str) -> None:

@@ -92,7 +92,8 @@ def desired_status(
     stats = EngineStats() if recovering else fleet.stats.get(record.key, EngineStats())
     hit_rate = None
     if stats.prefix_queries:
-        hit_rate = round(100.0 * (stats.prefix_hits or 0.0) / stats.prefix_queries, 1)
+        # An engine may count more hits than queries for a moment: a rate stays 0-100.
+        hit_rate = round(min(100.0, 100.0 * (stats.prefix_hits or 0.0) / stats.prefix_queries), 1)
     conditions: list[ConditionPlan] = [
         ConditionPlan(ConditionType.VALID, ConditionStatus.TRUE, Reason.PARSED, "spec accepted"),
         *plan.conditions,
