@@ -75,7 +75,7 @@ def test_an_engine_reporting_nan_is_marked_and_the_fleet_goes_on(
 
 
 def test_a_pod_the_api_server_refuses_is_reported_on_its_worker(
-    operator: OperatorProcess, crs: Custom
+    operator: OperatorProcess, crs: Custom, core: Any, namespace: str
 ) -> None:
     refused = sim_worker("refused")
     # Accepted by the CRD (a label map), refused by the API server for a pod (422).
@@ -104,6 +104,36 @@ def test_a_pod_the_api_server_refuses_is_reported_on_its_worker(
         timeout=30,
         what="the session bound to the healthy worker",
     )
+    # ... recovers: its pod deleted, a new epoch comes up ...
+    core.delete_namespaced_pod("fine-1", namespace, grace_period_seconds=0)
+    wait_for(
+        operator,
+        lambda: (
+            crs.status("inferenceworkers", "fine").get("epoch") == 2
+            and crs.status("inferenceworkers", "fine").get("phase") == "Ready"
+        ),
+        timeout=60,
+        what="the healthy worker recovered as epoch 2",
+    )
+    # ... and drains: held while its session is pinned, Drained once it finishes.
+    crs.patch("inferenceworkers", "fine", {"spec": {"drain": True}})
+    wait_for(
+        operator,
+        lambda: crs.status("inferenceworkers", "fine").get("phase") == "Draining",
+        timeout=30,
+        what="the drain held by the pinned session",
+    )
+    crs.patch("agentsessions", "s0", {"spec": {"finished": True}})
+    wait_for(
+        operator,
+        lambda: crs.status("inferenceworkers", "fine").get("phase") == "Drained",
+        timeout=40,
+        what="the drain completed",
+    )
+    # The faulty worker still says what is wrong, all along.
+    assert (_condition(crs, "inferenceworkers", "refused", "Reconciled") or {}).get(
+        "status"
+    ) == "False"
 
 
 def test_a_hold_deleted_by_hand_comes_back_while_sessions_are_pinned(
