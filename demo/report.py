@@ -132,10 +132,13 @@ def _recovery(runs: Mapping[str, SessionRun], failure: Mapping[str, Any]) -> dic
     if worker and killed is not None:
         turns = _first_turns_after(
             runs,
+            # The first turn that *started* after the kill: one already in flight when
+            # the engine died was served (or not) by the old process, and says nothing
+            # about what the new epoch restored.
             lambda prev, turn: (
                 prev.worker == worker
                 and turn.worker == worker
-                and prev.finished <= float(killed) < turn.finished
+                and prev.started < float(killed) <= turn.started
             ),
         )
     if ready is not None and killed is not None:
