@@ -30,6 +30,7 @@ from sessionfleet.engines import vllm
 from sessionfleet.kube import SESSIONS, WORKERS
 from sessionfleet.policy.observed import NodeState
 from sessionfleet.policy.recovery import node_recovery_gate
+from sessionfleet.policy.sessions import SessionState
 
 log = logging.getLogger(__name__)
 
@@ -91,18 +92,7 @@ async def reconcile_once(fleet: Fleet, now: datetime) -> None:
     await reconcile_policies(fleet, now)
     # Most sessions need nothing on most passes: decide without a task for each, and start
     # tasks only for those with a step to take (decided again when its turn comes).
-    due = []
-    for session in fleet.all_sessions():
-        try:
-            if next_step(fleet, session, now) is not None:
-                due.append(session)
-        except Exception as error:  # one odd session must not stop the others
-            await run_isolated(
-                Job(SESSIONS, session.key, functools.partial(_raise, error)),
-                fleet.faults,
-                functools.partial(record_fault, fleet=fleet),
-                now,
-            )
+    due = [s for s in fleet.all_sessions() if _due(fleet, s, now)]
     due.sort(key=lambda s: (s.created_at or now, s.name))
     await _bounded(
         fleet,
@@ -129,8 +119,15 @@ def moving_off_not_ready_node(status: Mapping[str, Any]) -> bool:
     )
 
 
-async def _raise(error: Exception) -> None:
-    raise error
+def _due(fleet: Fleet, session: SessionState, now: datetime) -> bool:
+    """Whether a session has a step to take; one whose decision fails gets its job too.
+
+    Its job then fails the same way, isolated, and the failure is recorded on it.
+    """
+    try:
+        return next_step(fleet, session, now) is not None
+    except Exception:  # one odd session must not stop the others' pass
+        return True
 
 
 def _export_gauges(fleet: Fleet) -> None:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
-import os
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -188,11 +187,3 @@ class NewSessionLimiter:
         for bucket in buckets:
             bucket.take()
         return 0
-
-
-def folder_exists(path: str) -> Path:
-    """Return ``path`` as a folder, or raise :class:`ValueError` saying why not."""
-    folder = Path(path)
-    if not os.path.isdir(folder):
-        raise ValueError(f"{path} is not a folder")
-    return folder
