@@ -470,3 +470,24 @@ async def test_connections_beyond_the_limit_are_refused_and_idle_ones_closed(
             await held_writer.wait_closed()
         stop.cancel()
         await asyncio.gather(stop, return_exceptions=True)
+
+
+def test_refusals_of_malformed_http_are_kept_out_of_the_error_log() -> None:
+    import logging
+
+    from aiohttp.http_exceptions import BadHttpMessage
+
+    from sessionfleet.router.server import QuietRefusals
+
+    def record(error: BaseException | None) -> logging.LogRecord:
+        exc_info = (type(error), error, None) if error is not None else None
+        return logging.LogRecord(
+            "aiohttp.server", logging.ERROR, __file__, 1, "Error handling request", (), exc_info
+        )
+
+    quiet = QuietRefusals()
+    refused = record(BadHttpMessage("Invalid method encountered"))
+    assert quiet.filter(refused) is False  # DEBUG is off for aiohttp.server here
+    assert refused.levelno == logging.DEBUG and refused.exc_info is None
+    bug = record(RuntimeError("a handler bug"))
+    assert quiet.filter(bug) is True and bug.levelno == logging.ERROR

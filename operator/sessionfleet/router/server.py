@@ -14,6 +14,7 @@ from typing import Any, Final
 
 import aiohttp
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from sessionfleet.kube import Kube
@@ -219,6 +220,25 @@ class Router:
         )
 
 
+class QuietRefusals(logging.Filter):
+    """Keep requests the HTTP parser refused out of the error log.
+
+    aiohttp answers a request that is not HTTP (a bad request line, a header line over
+    8 KiB, too many headers) with its own 400 and logs it at ERROR with a traceback;
+    anyone who can reach the router could fill its log that way. Those records go to
+    DEBUG; every other error aiohttp logs is kept as it is.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Demote a refusal of malformed HTTP to DEBUG; pass everything else."""
+        error = record.exc_info[1] if record.exc_info else None
+        if isinstance(error, HttpProcessingError) and record.levelno >= logging.ERROR:
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+            record.exc_info = None
+            return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+        return True
+
+
 class _ConnectionLimit:
     """The listening socket's protocol factory: aiohttp's handler while under the limit.
 
@@ -271,6 +291,7 @@ async def serve(kube: Kube, settings: RouterSettings, host: str, port: int) -> i
     signal, 1 when a background task failed (Kubernetes then restarts the pod).
     """
     router = Router(kube, settings)
+    logging.getLogger("aiohttp.server").addFilter(QuietRefusals())
     runner = web.AppRunner(router.app(), handle_signals=False, **settings.server_options())
     await runner.setup()
     assert runner.server is not None
