@@ -130,6 +130,10 @@ class _Facts:
     """Conditions every plan carries (a DrainPolicy conflict)."""
     failures: int
     last_recovery: datetime | None
+    recovery: Reason | None
+    """Why this epoch's pod must be replaced, if it must and may now."""
+    blocked: RecoveryBlock | None
+    """What holds back moving the worker off its NotReady node, if anything does."""
 
 
 def _facts(obs: WorkerObservation) -> _Facts:
@@ -137,12 +141,17 @@ def _facts(obs: WorkerObservation) -> _Facts:
     # than our own last write: trust the pod, never delete it.
     epoch = max([obs.status.epoch or 0, *(p.epoch for p in obs.pods)])
     pods_by_name = {p.name: p for p in obs.pods}
+    current = pods_by_name.get(pod_name(obs.name, epoch)) if epoch else None
+    observed = obs.status.pod == pod_name(obs.name, epoch)
+    recovery = recovery_reason(current, observed, obs.node, obs.now, obs.node_not_ready_toleration)
+    # Only a move off a NotReady node is gated fleet-wide: a failed pod is always replaced.
+    blocked = obs.recovery_block if recovery is Reason.NODE_NOT_READY else None
     conflict = obs.policy.reason
     return _Facts(
         obs=obs,
         epoch=epoch,
-        current=pods_by_name.get(pod_name(obs.name, epoch)) if epoch else None,
-        observed=obs.status.pod == pod_name(obs.name, epoch),
+        current=current,
+        observed=observed,
         stale=tuple(p.name for p in obs.pods if p.epoch < epoch and not p.deleting),
         conditions=(
             (
@@ -155,6 +164,8 @@ def _facts(obs: WorkerObservation) -> _Facts:
         ),
         failures=obs.status.consecutive_failures or 0,
         last_recovery=obs.status.last_recovery_at,
+        recovery=recovery if blocked is None else None,
+        blocked=blocked,
     )
 
 
@@ -216,20 +227,9 @@ def _fresh_epoch(facts: _Facts) -> WorkerPlan | None:
     )
 
 
-def _recovery_wanted(facts: _Facts) -> tuple[Reason | None, RecoveryBlock | None]:
-    """Why this epoch's pod must be replaced (if it must), and what holds a move back."""
-    obs = facts.obs
-    reason = recovery_reason(
-        facts.current, facts.observed, obs.node, obs.now, obs.node_not_ready_toleration
-    )
-    if reason is Reason.NODE_NOT_READY and obs.recovery_block is not None:
-        return None, obs.recovery_block
-    return reason, None
-
-
 def _recovery(facts: _Facts) -> WorkerPlan | None:
     """Replace a lost pod: back off after repeated failures, else start the next epoch."""
-    reason, _ = _recovery_wanted(facts)
+    reason = facts.recovery
     if reason is None:
         return None
     obs, epoch, failures = facts.obs, facts.epoch, facts.failures
@@ -277,7 +277,7 @@ def _recovery(facts: _Facts) -> WorkerPlan | None:
 
 
 def _recovering_condition(facts: _Facts, still_recovering: bool, reason: Reason) -> ConditionPlan:
-    _, blocked = _recovery_wanted(facts)
+    blocked = facts.blocked
     if blocked is not None:
         node = facts.obs.node.name if facts.obs.node else "?"
         return ConditionPlan(
