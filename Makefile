@@ -95,6 +95,12 @@ BENCH_OPERATOR_ARGS ?=
 bench-operator: e2e-tools $(STAMP)
 	$(PY) bench/operator/run.py --out build/bench-operator.json $(BENCH_OPERATOR_ARGS)
 
+# Operator failover: the leader killed (or stopped) ten times; time to the new leader's
+# first write. BENCH_FAILOVER_ARGS="--stop term" for a rolling update's handover.
+.PHONY: bench-failover
+bench-failover: e2e-tools $(STAMP)
+	$(PY) bench/operator/failover.py --out build/bench-failover.json $(BENCH_FAILOVER_ARGS)
+
 # The router's fuzz suite at scale (bench/README.md, "Fuzzing"): 100,000 random cases of
 # raw bytes, hostile headers and mutated bodies; make test runs 5,000 fixed ones.
 #   make bench-fuzz FUZZ_EXAMPLES=300000

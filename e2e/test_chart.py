@@ -300,7 +300,7 @@ def release_objects(cluster: LocalCluster, release: str, namespace: str) -> list
     namespaced = cluster.kubectl(
         "get",
         "deployments,replicasets,pods,services,serviceaccounts,roles,rolebindings,"
-        "horizontalpodautoscalers,networkpolicies,drainpolicies",
+        "poddisruptionbudgets,horizontalpodautoscalers,networkpolicies,drainpolicies",
         f"--namespace={namespace}",
         "-l",
         selector,
@@ -385,9 +385,9 @@ def test_install_upgrade_uninstall_on_a_fresh_cluster(fresh_cluster: LocalCluste
 
     apps = client.AppsV1Api(fresh_cluster.api_client())
     operator = apps.read_namespaced_deployment("sf-sessionfleet-operator", namespace)
-    assert operator.spec.replicas == 1 and operator.spec.strategy.type == "Recreate"
+    assert operator.spec.replicas == 2 and operator.spec.strategy.type == "RollingUpdate"
     assert operator.spec.template.spec.service_account_name == "sf-sessionfleet-operator"
-    assert operator.status.ready_replicas == 1  # KWOK's Ready: no container ran
+    assert operator.status.ready_replicas == 2  # KWOK's Ready: no container ran
     router = apps.read_namespaced_deployment("sf-sessionfleet-router", namespace)
     assert router.spec.replicas == 2
 
@@ -628,7 +628,14 @@ def test_operator_and_router_run_with_the_charts_service_accounts(
         )
         assert refused.returncode != 0 and "Forbidden" in refused.stderr, refused.stderr
 
-        operator = OperatorProcess(operator_config, namespace, tmp_path)
+        # It elects itself on the chart's Lease, with the rights the chart grants on it.
+        lease = f"{release}-sessionfleet-operator"
+        assert can_i(kubectl, as_operator, "create", "leases.coordination.k8s.io", ns)
+        assert can_i(kubectl, as_operator, "patch", f"leases.coordination.k8s.io/{lease}", ns)
+        assert not can_i(kubectl, as_operator, "patch", "leases.coordination.k8s.io/other", ns)
+        operator = OperatorProcess(
+            operator_config, namespace, tmp_path, f"--leader-election-id={lease}"
+        )
         operator.start()
         # The router picks its free port once the operator holds both of its own.
         health = f"http://127.0.0.1:{operator.health_port}/healthz"
@@ -700,7 +707,10 @@ def test_operator_and_router_run_with_the_charts_service_accounts(
             lambda: (
                 [
                     p.metadata.name
-                    for p in policy.list_namespaced_pod_disruption_budget(namespace).items
+                    # The chart's own PDB of the operator pods is in the namespace too.
+                    for p in policy.list_namespaced_pod_disruption_budget(
+                        namespace, label_selector="sessionfleet.dev/worker"
+                    ).items
                 ]
                 == ["w"]
             ),
@@ -729,7 +739,12 @@ def test_operator_and_router_run_with_the_charts_service_accounts(
             what="the session Finished",
         )
         wait_until(
-            lambda: policy.list_namespaced_pod_disruption_budget(namespace).items == [],
+            lambda: (
+                policy.list_namespaced_pod_disruption_budget(
+                    namespace, label_selector="sessionfleet.dev/worker"
+                ).items
+                == []
+            ),
             timeout=30,
             what="the hold taken down",
         )

@@ -74,6 +74,19 @@ ALL_FEATURES: dict[str, Any] = {
     "defaultDrainPolicy": {"enabled": True},
     "operator": {"watchNamespaces": ["team-a", "team-b"]},
 }
+OPERATOR_SELECTOR = {
+    "app.kubernetes.io/name": "sessionfleet",
+    "app.kubernetes.io/instance": "rel",
+    "app.kubernetes.io/component": "operator",
+}
+LEADER_ELECTION_ARGS = [
+    "--leader-elect",
+    "--leader-election-namespace=sf",
+    "--leader-election-id=rel-sessionfleet-operator",
+    "--lease-duration=15s",
+    "--renew-deadline=10s",
+    "--retry-period=2s",
+]
 
 
 def container(workload: dict[str, Any]) -> dict[str, Any]:
@@ -140,6 +153,7 @@ def test_defaults_render_the_operator_router_and_crds_only() -> None:
         "ClusterRoleBinding",
         "CustomResourceDefinition",
         "Deployment",
+        "PodDisruptionBudget",
         "Role",
         "RoleBinding",
         "Service",
@@ -152,12 +166,16 @@ def test_defaults_render_the_operator_router_and_crds_only() -> None:
         assert labels["helm.sh/chart"] == f"sessionfleet-{__version__}"
 
 
-def test_operator_deployment_one_replica_recreate_probes_and_flags() -> None:
+def test_operator_deployment_two_replicas_rolling_update_probes_and_flags() -> None:
     objects = render()
     operator = by_kind(objects, "Deployment")["rel-sessionfleet-operator"]
     spec = operator["spec"]
-    assert spec["replicas"] == 1
-    assert spec["strategy"] == {"type": "Recreate"}
+    assert spec["replicas"] == 2
+    # The new pod starts as a standby before the old leader stops.
+    assert spec["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
     pod = spec["template"]["spec"]
     assert pod["serviceAccountName"] == "rel-sessionfleet-operator"
     main = container(operator)
@@ -173,25 +191,165 @@ def test_operator_deployment_one_replica_recreate_probes_and_flags() -> None:
         "--resync=2",
         "--scrape-interval=15",
         f"--sim-image={IMAGE}",
+        *LEADER_ELECTION_ARGS,
+    ]
+    # POD_NAME is the replica's leader-election identity.
+    assert main["env"] == [
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
     ]
     ports = {p["name"]: p["containerPort"] for p in main["ports"]}
     assert ports == {"metrics": 8080, "health": 8081}
-    for probe in ("livenessProbe", "readinessProbe"):
-        assert main[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert main["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    # A standby is Ready too: readiness is not leadership.
+    assert main["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}
     assert main["resources"]["limits"]["memory"] == "512Mi"
     assert_restricted(operator)
     metrics = by_kind(objects, "Service")["rel-sessionfleet-operator-metrics"]
     assert metrics["spec"]["ports"] == [
         {"name": "metrics", "port": 8080, "targetPort": "metrics", "protocol": "TCP"}
     ]
-    assert (
-        metrics["spec"]["selector"]
-        == spec["selector"]["matchLabels"]
-        == {
-            "app.kubernetes.io/name": "sessionfleet",
-            "app.kubernetes.io/instance": "rel",
-            "app.kubernetes.io/component": "operator",
+    assert metrics["spec"]["selector"] == spec["selector"]["matchLabels"] == OPERATOR_SELECTOR
+
+
+def test_operator_replicas_prefer_different_nodes_unless_affinity_is_set() -> None:
+    operator = by_kind(render(), "Deployment")["rel-sessionfleet-operator"]
+    # Preferred, not required: a one-node cluster still runs both replicas.
+    assert operator["spec"]["template"]["spec"]["affinity"] == {
+        "podAntiAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "weight": 100,
+                    "podAffinityTerm": {
+                        "topologyKey": "kubernetes.io/hostname",
+                        "labelSelector": {"matchLabels": OPERATOR_SELECTOR},
+                    },
+                }
+            ]
         }
+    }
+    mine = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["system"]}]}
+                ]
+            }
+        }
+    }
+    objects = render(values={"operator": {"affinity": mine}})
+    operator = by_kind(objects, "Deployment")["rel-sessionfleet-operator"]
+    assert operator["spec"]["template"]["spec"]["affinity"] == mine
+
+
+def test_operator_pod_disruption_budget_leaves_a_replica_and_never_blocks_on_unhealthy() -> None:
+    pdb = by_kind(render(), "PodDisruptionBudget")["rel-sessionfleet-operator"]
+    assert pdb["metadata"]["namespace"] == "sf"
+    assert pdb["spec"] == {
+        "minAvailable": 1,
+        "selector": {"matchLabels": OPERATOR_SELECTOR},
+        "unhealthyPodEvictionPolicy": "AlwaysAllow",
+    }
+    three = render("operator.replicas=3", "operator.podDisruptionBudget.minAvailable=2")
+    assert (
+        by_kind(three, "PodDisruptionBudget")["rel-sessionfleet-operator"]["spec"]["minAvailable"]
+        == 2
+    )
+    # One replica: a budget of one would block every drain of its node.
+    assert by_kind(render("operator.replicas=1"), "PodDisruptionBudget") == {}
+    assert (
+        by_kind(render("operator.podDisruptionBudget.enabled=false"), "PodDisruptionBudget") == {}
+    )
+    # A budget no eviction could ever meet is refused.
+    hang = template_text("operator.podDisruptionBudget.minAvailable=2", check=False)
+    assert hang.returncode != 0
+    assert "minAvailable (2) must be less than operator.replicas (2)" in hang.stderr
+
+
+def test_leader_election_role_grants_only_the_operators_lease() -> None:
+    objects = render()
+    role = by_kind(objects, "Role")["rel-sessionfleet-operator-leader"]
+    assert role["metadata"]["namespace"] == "sf"
+    # A create cannot be restricted by name; everything else only on the one Lease.
+    assert role["rules"] == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "resourceNames": ["rel-sessionfleet-operator"],
+            "verbs": ["get", "patch"],
+        },
+    ]
+    binding = by_kind(objects, "RoleBinding")["rel-sessionfleet-operator-leader"]
+    assert binding["metadata"]["namespace"] == "sf"
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": "rel-sessionfleet-operator-leader",
+    }
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "rel-sessionfleet-operator", "namespace": "sf"}
+    ]
+    # Apart from the Role that serving the release namespace puts there.
+    served = render(values={"operator": {"watchNamespaces": ["sf"]}})
+    roles = {(r["metadata"]["namespace"], name) for name, r in by_kind(served, "Role").items()}
+    assert {
+        ("sf", "rel-sessionfleet-operator"),
+        ("sf", "rel-sessionfleet-operator-leader"),
+    } <= roles
+
+
+def test_leader_election_values_map_to_the_flags_and_the_role() -> None:
+    objects = render(
+        values={
+            "operator": {
+                "leaderElection": {
+                    "leaseName": "fleet-leader",
+                    "leaseDuration": "30s",
+                    "renewDeadline": "20s",
+                    "retryPeriod": "4s",
+                }
+            }
+        }
+    )
+    operator = by_kind(objects, "Deployment")["rel-sessionfleet-operator"]
+    args = container(operator)["args"]
+    assert args[args.index("--leader-elect") :] == [
+        "--leader-elect",
+        "--leader-election-namespace=sf",
+        "--leader-election-id=fleet-leader",
+        "--lease-duration=30s",
+        "--renew-deadline=20s",
+        "--retry-period=4s",
+    ]
+    role = by_kind(objects, "Role")["rel-sessionfleet-operator-leader"]
+    assert role["rules"][1]["resourceNames"] == ["fleet-leader"]
+    bad = template_text("operator.leaderElection.leaseDuration=15 seconds", check=False)
+    assert bad.returncode != 0 and "/operator/leaderElection/leaseDuration" in bad.stderr
+
+
+def test_one_replica_without_leader_election_recreates_and_has_no_lease() -> None:
+    objects = render("operator.replicas=1", "operator.leaderElection.enabled=false")
+    operator = by_kind(objects, "Deployment")["rel-sessionfleet-operator"]
+    assert operator["spec"]["replicas"] == 1
+    # Nothing else keeps two operators from acting at once during a rollout.
+    assert operator["spec"]["strategy"] == {"type": "Recreate"}
+    args = container(operator)["args"]
+    assert not [
+        a for a in args if a.startswith(("--leader-elect", "--lease-", "--renew-", "--retry-"))
+    ]
+    assert set(by_kind(objects, "Role")) == {"rel-sessionfleet-router"}
+    assert set(by_kind(objects, "RoleBinding")) == {"rel-sessionfleet-router"}
+    assert by_kind(objects, "PodDisruptionBudget") == {}
+
+
+def test_more_than_one_replica_needs_leader_election() -> None:
+    result = template_text(
+        "operator.replicas=2", "operator.leaderElection.enabled=false", check=False
+    )
+    assert result.returncode != 0
+    assert "operator.replicas is 2 but operator.leaderElection.enabled is false" in result.stderr, (
+        result.stderr
     )
 
 
@@ -226,6 +384,7 @@ def test_operator_values_map_to_its_flags() -> None:
         "--scrape-interval=30",
         "--sim-image=registry.example.com/sim:1",
         "--vllm-image=registry.example.com/vllm:1",
+        *LEADER_ELECTION_ARGS,
         "--verbose",
         "--scrape-interval=5",
     ]
@@ -301,8 +460,11 @@ def test_cluster_wide_operator_gets_exactly_its_rules() -> None:
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": "rel-sessionfleet-operator", "namespace": "sf"}
     ]
-    # The only namespaced Role by default is the router's.
-    assert set(by_kind(objects, "Role")) == {"rel-sessionfleet-router"}
+    # The only namespaced Roles by default are the router's and the operator's Lease's.
+    assert set(by_kind(objects, "Role")) == {
+        "rel-sessionfleet-router",
+        "rel-sessionfleet-operator-leader",
+    }
 
 
 def test_watch_namespaces_moves_the_operators_rules_into_roles() -> None:

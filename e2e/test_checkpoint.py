@@ -21,18 +21,18 @@ from kubernetes import client
 from e2e.helpers import Kubectl, wait_until
 from e2e.localcluster import container_id_pid
 from e2e.operator import (
-    SESSIONFLEET,
     Custom,
     OperatorProcess,
     Process,
     bound_to,
     condition,
     drain_policy,
-    free_port,
     on_own_nodes,
     ready_workers,
     session,
     sim_worker,
+    start_router,
+    via_router,
     wait_for,
     worker_pods,
 )
@@ -322,46 +322,6 @@ def test_a_drain_through_two_real_routers_moves_the_session_between_turns(
     finally:
         for router in routers:
             router.stop()
-
-
-def start_router(kubeconfig: Path, namespace: str, replica: str, logs: Path) -> tuple[str, Process]:
-    """``sessionfleet router`` for one namespace on a free loopback port, once it is ready."""
-    port = free_port()
-    router = Process(
-        [
-            str(SESSIONFLEET),
-            "router",
-            "--host=127.0.0.1",
-            f"--port={port}",
-            f"--namespace={namespace}",
-            f"--kubeconfig={kubeconfig}",
-            f"--replica={replica}",
-            "--flush-interval=1",
-            "--create-timeout=30",
-        ],
-        logs / f"router-{replica}.log",
-    )
-    url = f"http://127.0.0.1:{port}"
-    router.wait_http(f"{url}/readyz")
-    return url, router
-
-
-def via_router(
-    url: str, session_id: str, history: list[dict[str, str]], text: str
-) -> httpx.Response:
-    """One turn through a router, with the generic session header."""
-    history.append({"role": "user", "content": text})
-    response = httpx.post(
-        f"{url}/v1/chat/completions",
-        json={"model": "m", "messages": history, "max_tokens": 16},
-        headers={"X-Session-Id": session_id},
-        timeout=60,
-    )
-    response.raise_for_status()
-    history.append(
-        {"role": "assistant", "content": response.json()["choices"][0]["message"]["content"]}
-    )
-    return response
 
 
 def test_migration_scope_worker_moves_the_whole_worker_and_its_sessions_follow(

@@ -8,6 +8,7 @@ behind opted-in pods. Use ``LocalCluster.start()`` in code, or from a shell::
 """
 
 from ._cluster import (
+    COMPONENTS,
     DEFAULT_STATE_DIR,
     ENV_KEEP_STATE,
     ENV_KUBECONFIG,
@@ -22,6 +23,7 @@ from .backer import container_id_pid
 
 __all__ = [
     "BACKED_LABEL",
+    "COMPONENTS",
     "DEFAULT_STATE_DIR",
     "ENV_KEEP_STATE",
     "ENV_KUBECONFIG",

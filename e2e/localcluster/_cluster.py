@@ -14,11 +14,14 @@ killed outright; or *detached* (``up``): it outlives the command and ``down`` st
 from __future__ import annotations
 
 import atexit
+import base64
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
+import socket
 import ssl
 import subprocess
 import sys
@@ -36,18 +39,23 @@ from typing import Any
 from . import _components as comp
 from ._kubeconfig import write_kubeconfig
 from ._nodes import gpu_node_manifest, gpu_node_names
-from ._pki import Pki, make_pki
+from ._pki import Pki, make_pki, pki_files
 from ._process import (
     ProcessRecord,
     exit_code,
     is_running,
+    is_stopped,
     kwok_pod_cidrs_in_use,
     log_tail,
     spawn,
     start_ticks,
     stop,
 )
+from ._process import kill as kill_process
+from ._process import pause as pause_process
+from ._process import resume as resume_process
 from ._tools import Tools, find_tools
+from .backer import READY_FILE
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 #: Where ``make cluster-up`` keeps its cluster (git-ignored).
@@ -62,6 +70,23 @@ ENV_KEEP_STATE = "SESSIONFLEET_E2E_KEEP_STATE"
 _TIMEOUT_ETCD = 30.0
 _TIMEOUT_APISERVER = 60.0
 _TIMEOUT_COMPONENT = 60.0
+
+#: The etcd key in which the API server records the revision it last compacted at
+#: (k8s.io/apiserver/pkg/storage/etcd3/compact.go).
+_COMPACT_REV_KEY = "compact_rev_key"
+
+#: Where nodes' heartbeat Leases live.
+_NODE_LEASES = "kube-node-lease"
+
+#: The components, in start-up order, by the names they are recorded under.
+COMPONENTS = (
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kwok",
+    "pod-backer",
+)
 
 Progress = Callable[[str], None]
 
@@ -205,6 +230,75 @@ def _http_ok(url: str, context: ssl.SSLContext | None = None, expect: str | None
         return False
 
 
+@dataclass(frozen=True)
+class _Component:
+    """How one component is started and how to tell it is ready.
+
+    Built from the cluster's state (ports, pod CIDR) and state directory alone, so
+    that start-up and ``restart`` use the same definition, also for a cluster found
+    through its state directory.
+    """
+
+    name: str
+    argv: list[str]
+    #: What ``ready`` waits for, for messages: "etcd /health".
+    what: str
+    ready: Callable[[], bool]
+    timeout: float
+    extra_env: dict[str, str] = field(default_factory=dict)
+    cwd: Path | None = None
+    #: Run before the process starts: clears what a former process left behind.
+    prepare: Callable[[], None] | None = None
+
+
+def _stop_timeout(name: str) -> float:
+    """How long a component gets between SIGTERM and SIGKILL."""
+    # The backer stops the pods' processes on SIGTERM; give it time to.
+    return 15.0 if name == "pod-backer" else 10.0
+
+
+#: Components that were paused through a cluster of this interpreter and not resumed
+#: yet: resumed at exit, since a stopped etcd or API server breaks every later user.
+_paused: dict[tuple[int, int], ProcessRecord] = {}
+_paused_lock = threading.Lock()
+
+
+def _forget_paused(record: ProcessRecord) -> None:
+    with _paused_lock:
+        _paused.pop((record.pid, record.start_ticks), None)
+
+
+def _pause_record(record: ProcessRecord) -> None:
+    """SIGSTOP ``record``'s group and remember it, to be resumed at exit at the latest."""
+    if not is_running(record):
+        raise ClusterError(f"cannot pause {record.name}: it is not running")
+    with _paused_lock:
+        _paused[(record.pid, record.start_ticks)] = record
+    if not pause_process(record):
+        _resume_record(record)
+        raise ClusterError(f"{record.name} (pid {record.pid}) did not stop on SIGSTOP")
+
+
+def _resume_record(record: ProcessRecord) -> None:
+    """SIGCONT ``record``'s group (if it still runs) and forget that it was paused."""
+    _forget_paused(record)
+    if not resume_process(record):
+        raise ClusterError(f"{record.name} (pid {record.pid}) still stopped after SIGCONT")
+
+
+@atexit.register
+def _resume_paused() -> None:
+    with _paused_lock:
+        records = list(_paused.values())
+    for record in records:
+        with contextlib.suppress(ClusterError):
+            _resume_record(record)
+
+
+def _b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
 class LocalCluster:
     """A running local control plane, started here or found through its state dir."""
 
@@ -285,10 +379,10 @@ class LocalCluster:
         return self.layout.pods_dir / namespace / name
 
     def health(self) -> dict[str, bool]:
-        """Whether each recorded process still runs."""
+        """Whether each recorded process still runs (re-read from the state file)."""
         if self.state is None:
             return {}
-        return {record.name: is_running(record) for record in self.state.processes}
+        return {record.name: is_running(record) for record in self._reload_processes()}
 
     # -------------------------------------------------------------- start/stop
 
@@ -386,9 +480,14 @@ class LocalCluster:
         with _owned_lock:
             if self in _owned:
                 _owned.remove(self)
-        for record in reversed(self.state.processes):
-            # The backer stops the pods' processes on SIGTERM; give it time to.
-            stop(record, timeout=15 if record.name == "pod-backer" else 10)
+        # Another LocalCluster of the same state dir may have restarted a component.
+        records = self._reload_processes()
+        # A paused etcd would hold up the API server's shutdown: continue all first.
+        for record in records:
+            resume_process(record)
+            _forget_paused(record)
+        for record in reversed(records):
+            stop(record, timeout=_stop_timeout(record.name))
         self._stop_backed_leftovers()
         if remove_state is None:
             remove_state = self.state.owner_pid is not None and not os.environ.get(ENV_KEEP_STATE)
@@ -404,6 +503,203 @@ class LocalCluster:
         for record_file in self.layout.pods_dir.glob("*/*/process.json"):
             with contextlib.suppress(OSError, ValueError, KeyError):
                 stop(ProcessRecord.from_json(json.loads(record_file.read_text())), timeout=5)
+
+    # -------------------------------------------------------- fault injection
+
+    def kill(self, component: str) -> None:
+        """SIGKILL a component's process group and wait until the process is gone.
+
+        ``component`` is a recorded name: "etcd", "kube-apiserver",
+        "kube-controller-manager", "kube-scheduler", "kwok" or "pod-backer". The
+        process is reaped when this interpreter started it; the record stays in the
+        state (``health()`` shows it False) until ``restart``. A component that is
+        already gone is left alone. Killing the pod backer leaves its pods' processes
+        running, as a crashed kubelet would.
+
+        Raises:
+            ClusterError: unknown component, or still running 10 s after SIGKILL.
+        """
+        _, record = self._find(component)
+        if not kill_process(record):
+            raise ClusterError(f"{component} (pid {record.pid}) still runs 10 s after SIGKILL")
+        _forget_paused(record)
+
+    def restart(self, component: str, *, timeout: float = 60, grace: float | None = None) -> None:
+        """Stop a component if it runs, start it again and wait until it is healthy.
+
+        The process gets SIGTERM, then SIGKILL after ``grace`` seconds (by default
+        10, 15 for the pod backer, as in ``stop``; kube-apiserver v1.36.3 stops
+        listening at once on SIGTERM but does not exit, so it takes the whole grace),
+        and is started again with the same command line, environment and log file
+        (appended to). Its record in the state is replaced in place and the state
+        file saved, so ``stop``, ``status`` and other ``LocalCluster`` objects of the
+        same state directory find the new process. It is ready as at start-up: etcd
+        ``/health``, kube-apiserver ``/readyz``, controller manager and scheduler
+        ``/healthz``, KWOK ``/healthz``, the pod backer's watch. etcd keeps its data
+        directory; only the process is new. A restarted KWOK takes its nodes over at
+        once: the node Leases of the former one are released first (see
+        ``_release_kwok_leases``).
+
+        Args:
+            component: a name from ``COMPONENTS``.
+            timeout: bound of the readiness wait, in seconds.
+            grace: seconds between SIGTERM and SIGKILL; 0 kills at once, like
+                ``kill`` followed by ``restart``.
+
+        Raises:
+            ClusterError: unknown component, the new process exited, or it was not
+                ready within ``timeout`` (with the tail of its log).
+        """
+        state = self._require_state()
+        index, old = self._find(component)
+        spec = self._component(component)
+        stop(old, timeout=_stop_timeout(component) if grace is None else grace)
+        _forget_paused(old)
+        record = self._spawn(spec)
+        state.processes[index] = record
+        state.save(self.layout.state_file)
+        self._wait(spec.what, record, spec.ready, timeout)
+
+    def pause(self, component: str) -> None:
+        """SIGSTOP a component's process group; returns once the process is stopped.
+
+        Prefer ``paused``, which resumes on every way out of its block. Whatever is
+        paused through this interpreter and not resumed is resumed at its exit
+        (``atexit``; not after SIGKILL or ``os._exit``). ``stop`` and ``restart``
+        continue a paused component themselves.
+
+        Raises:
+            ClusterError: unknown component, not running, or not stopped within 5 s.
+        """
+        _, record = self._find(component)
+        _pause_record(record)
+
+    def resume(self, component: str) -> None:
+        """SIGCONT a component's process group; a no-op if it is not stopped or gone.
+
+        Raises:
+            ClusterError: unknown component, or still stopped 5 s after SIGCONT.
+        """
+        _, record = self._find(component)
+        _resume_record(record)
+
+    def is_paused(self, component: str) -> bool:
+        """Whether a component's process runs but is stopped (SIGSTOP)."""
+        _, record = self._find(component)
+        return is_stopped(record)
+
+    @contextlib.contextmanager
+    def paused(self, component: str, seconds: float | None = None) -> Iterator[None]:
+        """Pause a component for a ``with`` block: SIGSTOP now, SIGCONT at the end.
+
+        The component is resumed however the block ends (an exception, a failed
+        assertion, pytest-timeout's signal). With ``seconds`` it is resumed after that
+        long even if the block still runs, from a timer thread, which lets the block
+        issue a request that waits for the component and then goes through::
+
+            with cluster.paused("etcd", seconds=3):
+                core.create_namespaced_config_map(...)   # returns after ~3 s
+
+        Raises:
+            ClusterError: as ``pause``.
+        """
+        _, record = self._find(component)
+        _pause_record(record)
+        timer: threading.Timer | None = None
+        if seconds is not None:
+            timer = threading.Timer(seconds, _resume_record, (record,))
+            timer.daemon = True
+            timer.start()
+        try:
+            yield
+        finally:
+            if timer is not None:
+                timer.cancel()
+            _resume_record(record)
+
+    def etcd_revision(self) -> int:
+        """etcd's current revision (its keyspace's ``header.revision``).
+
+        Raises:
+            ClusterError: etcd did not answer within 10 s.
+        """
+        reply = self._etcd("/v3/kv/range", {"key": _b64("/"), "count_only": True})
+        return int(reply["header"]["revision"])
+
+    def compact_etcd(self, *, tell_apiserver: bool = True) -> int:
+        """Compact etcd's keyspace at its current revision, physically; returns it.
+
+        After this, etcd refuses to read or watch at any older revision. It goes
+        straight to etcd's JSON gateway on its plain-HTTP client port. With
+        ``tell_apiserver`` the revision is first written to ``compact_rev_key``, as
+        the API server's own compactor (every 5 minutes) does: the API server watches
+        that key, and its watch cache drops its list snapshots older than the
+        revision within its 15 s poll, so ``resourceVersionMatch=Exact`` lists at an
+        older version then fail with 410 as after a real compaction. Watches served
+        by the watch cache are not affected either way (see e2e/README.md). A
+        revision that is already compacted is not an error.
+
+        Raises:
+            ClusterError: etcd did not answer within 10 s, or refused otherwise.
+        """
+        revision = self.etcd_revision()
+        if tell_apiserver:
+            # What the API server's compactor stores (a decimal string); the write
+            # also moves the key's version on, which makes the API server's next
+            # compare-and-swap adopt ours instead of compacting at the same time.
+            self._etcd("/v3/kv/put", {"key": _b64(_COMPACT_REV_KEY), "value": _b64(str(revision))})
+        try:
+            self._etcd("/v3/kv/compaction", {"revision": str(revision), "physical": True})
+        except ClusterError as error:
+            if "required revision has been compacted" not in str(error):
+                raise
+        return revision
+
+    def _etcd(self, path: str, body: dict[str, Any], timeout: float = 10) -> dict[str, Any]:
+        """POST to etcd's gRPC-JSON gateway; the decoded reply."""
+        state = self._require_state()
+        url = f"http://{comp.HOST}:{state.ports['etcd_client']}{path}"
+        request = urllib.request.Request(
+            url,
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        try:
+            with opener.open(request, timeout=timeout) as response:
+                reply: dict[str, Any] = json.loads(response.read())
+        except urllib.error.HTTPError as error:
+            detail = error.read().decode(errors="replace")
+            raise ClusterError(f"etcd {path}: HTTP {error.code}: {detail}") from error
+        except (urllib.error.URLError, OSError) as error:
+            raise ClusterError(f"etcd {path}: {error}") from error
+        return reply
+
+    def _require_state(self) -> ClusterState:
+        if self.state is None:
+            raise ClusterError(
+                f"no state of this cluster: {self.kubeconfig} is not in a state directory "
+                "of this harness, so its processes are unknown"
+            )
+        return self.state
+
+    def _reload_processes(self) -> list[ProcessRecord]:
+        """The process records, re-read from the state file when there is one."""
+        state = self._require_state()
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            state.processes = ClusterState.load(self.layout.state_file).processes
+        return state.processes
+
+    def _find(self, component: str) -> tuple[int, ProcessRecord]:
+        """Position and record of a component, as the state file has it now."""
+        for index, record in enumerate(self._reload_processes()):
+            if record.name == component:
+                return index, record
+        raise ClusterError(
+            f"no component {component!r} in the cluster of {self.state_dir} "
+            f"(known: {', '.join(COMPONENTS)})"
+        )
 
     # ------------------------------------------------------------------ boot
 
@@ -444,6 +740,118 @@ class LocalCluster:
             f"{record.name} log {record.log}:\n{log_tail(record.log)}"
         )
 
+    def _component(self, name: str, tools: Tools | None = None) -> _Component:
+        """How component ``name`` is started and checked, from the recorded state."""
+        state = self._require_state()
+        tools = tools or find_tools()
+        ports = comp.Ports(**state.ports)
+        layout = self.layout
+        pki = pki_files(layout.pki_dir)
+        host = comp.HOST
+        insecure = _https_context(None)
+        if name == "etcd":
+            health = f"http://{host}:{ports.etcd_client}/health"
+            return _Component(
+                name,
+                comp.etcd_argv(tools, ports, layout),
+                "etcd /health",
+                lambda: _http_ok(health, expect='"health":"true"'),
+                _TIMEOUT_ETCD,
+            )
+        if name == "kube-apiserver":
+            readyz = f"{state.api_server}/readyz"
+            api_context = _https_context(layout.pki_dir)
+            return _Component(
+                name,
+                comp.apiserver_argv(tools, ports, layout, pki),
+                "kube-apiserver /readyz",
+                lambda: _http_ok(readyz, api_context),
+                _TIMEOUT_APISERVER,
+            )
+        if name == "kube-controller-manager":
+            kcm_healthz = f"https://{host}:{ports.controller_manager}/healthz"
+            return _Component(
+                name,
+                comp.controller_manager_argv(tools, ports, layout, pki),
+                "kube-controller-manager /healthz",
+                lambda: _http_ok(kcm_healthz, insecure),
+                _TIMEOUT_COMPONENT,
+            )
+        if name == "kube-scheduler":
+            scheduler_healthz = f"https://{host}:{ports.scheduler}/healthz"
+            return _Component(
+                name,
+                comp.scheduler_argv(tools, ports, layout),
+                "kube-scheduler /healthz",
+                lambda: _http_ok(scheduler_healthz, insecure),
+                _TIMEOUT_COMPONENT,
+            )
+        if name == "kwok":
+            kwok_healthz = f"http://{host}:{ports.kwok}/healthz"
+            return _Component(
+                name,
+                comp.kwok_argv(tools, ports, layout, state.pod_cidr),
+                "kwok /healthz",
+                lambda: _http_ok(kwok_healthz),
+                _TIMEOUT_COMPONENT,
+                prepare=self._release_kwok_leases,
+            )
+        if name == "pod-backer":
+            ready_file = layout.state_dir / READY_FILE
+            return _Component(
+                name,
+                self._backer_argv(),
+                "the pod backer's watch",
+                ready_file.exists,
+                _TIMEOUT_COMPONENT,
+                extra_env={"PYTHONUNBUFFERED": "1"},
+                cwd=self.state_dir,
+                prepare=lambda: ready_file.unlink(missing_ok=True),
+            )
+        raise ClusterError(f"no component {name!r} (known: {', '.join(COMPONENTS)})")
+
+    def _spawn(self, component: _Component) -> ProcessRecord:
+        """Start a component's process, its output appended to its log file."""
+        if component.prepare is not None:
+            component.prepare()
+        env = {key: value for key, value in os.environ.items() if key != "KUBECONFIG"}
+        return spawn(
+            component.name,
+            component.argv,
+            self.log_file(component.name),
+            env={**env, **component.extra_env},
+            cwd=component.cwd,
+        )
+
+    def _release_kwok_leases(self) -> None:
+        """Delete the node Leases held by a former KWOK, so a new one takes over at once.
+
+        KWOK manages a node only while it holds the node's Lease, under an identity
+        new to each process (``<hostname>_<uuid>``), and takes another holder's Lease
+        over only once it expires (``--node-lease-duration-seconds=40``): without
+        this, a restarted KWOK leaves the nodes and their pods alone for up to 40 s.
+        A kubelet that restarts keeps its identity and carries on at once, which this
+        restores. Best effort: nothing is deleted while the API server is down.
+        """
+        from kubernetes import client
+        from kubernetes.client.exceptions import ApiException
+        from urllib3.exceptions import HTTPError
+
+        holder = re.compile(re.escape(socket.gethostname()) + r"_[0-9a-f-]{36}")
+        api = self.api_client()
+        try:
+            leases: Any = client.CoordinationV1Api(api)
+            for lease in leases.list_namespaced_lease(_NODE_LEASES, _request_timeout=5).items:
+                if holder.fullmatch(lease.spec.holder_identity or ""):
+                    with contextlib.suppress(ApiException):
+                        leases.delete_namespaced_lease(
+                            lease.metadata.name, _NODE_LEASES, _request_timeout=5
+                        )
+        except (ApiException, HTTPError, OSError):
+            pass
+        finally:
+            api.close()
+
     def _boot(self, tools: Tools, gpu_nodes: int, gpus_per_node: int, progress: Progress) -> None:
         assert self.state is not None
         started = time.monotonic()
@@ -460,73 +868,25 @@ class LocalCluster:
         self._write_configs(tools, pki)
         step(f"state in {layout.state_dir}; certificates ready; pod CIDR {self.state.pod_cidr}")
 
-        env = {key: value for key, value in os.environ.items() if key != "KUBECONFIG"}
+        components = {name: self._component(name, tools) for name in COMPONENTS}
+        records: dict[str, ProcessRecord] = {}
 
-        etcd = self._record(
-            spawn("etcd", comp.etcd_argv(tools, ports, layout), self.log_file("etcd"), env=env)
-        )
-        self._wait(
-            "etcd /health",
-            etcd,
-            lambda: _http_ok(
-                f"http://{comp.HOST}:{ports.etcd_client}/health", expect='"health":"true"'
-            ),
-            _TIMEOUT_ETCD,
-        )
+        def launch(*names: str) -> None:
+            for name in names:
+                records[name] = self._record(self._spawn(components[name]))
+
+        def ready(name: str) -> None:
+            component = components[name]
+            self._wait(component.what, records[name], component.ready, component.timeout)
+
+        launch("etcd")
+        ready("etcd")
         step(f"etcd ready on {comp.HOST}:{ports.etcd_client}")
-
-        apiserver = self._record(
-            spawn(
-                "kube-apiserver",
-                comp.apiserver_argv(tools, ports, layout, pki),
-                self.log_file("kube-apiserver"),
-                env=env,
-            )
-        )
-        api_context = _https_context(layout.pki_dir)
-        readyz = f"{self.state.api_server}/readyz"
-        self._wait(
-            "kube-apiserver /readyz",
-            apiserver,
-            lambda: _http_ok(readyz, api_context),
-            _TIMEOUT_APISERVER,
-        )
+        launch("kube-apiserver")
+        ready("kube-apiserver")
         step(f"kube-apiserver ready at {self.state.api_server}")
-
         # The rest only needs the API server and starts in parallel.
-        kcm = self._record(
-            spawn(
-                "kube-controller-manager",
-                comp.controller_manager_argv(tools, ports, layout, pki),
-                self.log_file("kube-controller-manager"),
-                env=env,
-            )
-        )
-        scheduler = self._record(
-            spawn(
-                "kube-scheduler",
-                comp.scheduler_argv(tools, ports, layout),
-                self.log_file("kube-scheduler"),
-                env=env,
-            )
-        )
-        kwok = self._record(
-            spawn(
-                "kwok",
-                comp.kwok_argv(tools, ports, layout, self.state.pod_cidr),
-                self.log_file("kwok"),
-                env=env,
-            )
-        )
-        backer = self._record(
-            spawn(
-                "pod-backer",
-                self._backer_argv(),
-                self.log_file("pod-backer"),
-                env={**env, "PYTHONUNBUFFERED": "1"},
-                cwd=self.state_dir,
-            )
-        )
+        launch("kube-controller-manager", "kube-scheduler", "kwok", "pod-backer")
 
         api = self.api_client()
         try:
@@ -539,31 +899,13 @@ class LocalCluster:
             self.state.gpu_nodes = names
             self.state.save(layout.state_file)
 
-            insecure = _https_context(None)
-            self._wait(
-                "kube-controller-manager /healthz",
-                kcm,
-                lambda: _http_ok(
-                    f"https://{comp.HOST}:{ports.controller_manager}/healthz", insecure
-                ),
-                _TIMEOUT_COMPONENT,
-            )
+            ready("kube-controller-manager")
             step("kube-controller-manager healthy")
-            self._wait(
-                "kube-scheduler /healthz",
-                scheduler,
-                lambda: _http_ok(f"https://{comp.HOST}:{ports.scheduler}/healthz", insecure),
-                _TIMEOUT_COMPONENT,
-            )
-            self._wait(
-                "kwok /healthz",
-                kwok,
-                lambda: _http_ok(f"http://{comp.HOST}:{ports.kwok}/healthz"),
-                _TIMEOUT_COMPONENT,
-            )
+            ready("kube-scheduler")
+            ready("kwok")
             self._wait(
                 f"{gpu_nodes} GPU nodes Ready (KWOK)",
-                kwok,
+                records["kwok"],
                 lambda: _nodes_ready(core, names),
                 _TIMEOUT_COMPONENT,
             )
@@ -572,17 +914,12 @@ class LocalCluster:
             # pods cannot be admitted before it exists.
             self._wait(
                 "ServiceAccount default/default (kube-controller-manager)",
-                kcm,
+                records["kube-controller-manager"],
                 lambda: _service_account_exists(core, "default"),
                 _TIMEOUT_COMPONENT,
             )
             step("ServiceAccount default/default created")
-            self._wait(
-                "the pod backer's watch",
-                backer,
-                lambda: (layout.state_dir / "pod-backer.ready").exists(),
-                _TIMEOUT_COMPONENT,
-            )
+            ready("pod-backer")
         finally:
             api.close()
         self.state.startup_seconds = round(time.monotonic() - started, 2)

@@ -93,8 +93,7 @@ def _new_key(path: Path, cwd: Path) -> None:
     path.chmod(0o600)
 
 
-def _make_ca(directory: Path) -> KeyPair:
-    pair = KeyPair(directory / "ca.crt", directory / "ca.key")
+def _make_ca(directory: Path, pair: KeyPair) -> None:
     config = directory / "ca.cnf"
     config.write_text(
         _config(
@@ -123,19 +122,18 @@ def _make_ca(directory: Path) -> KeyPair:
         str(pair.cert),
         cwd=directory,
     )
-    return pair
 
 
 def _make_leaf(
     directory: Path,
     ca: KeyPair,
-    name: str,
+    pair: KeyPair,
     subject: dict[str, str],
     usage: str,
     sans: tuple[str, ...] = (),
-) -> KeyPair:
-    """Create a key and a certificate signed by ``ca`` for ``usage`` (server/client)."""
-    pair = KeyPair(directory / f"{name}.crt", directory / f"{name}.key")
+) -> None:
+    """Create ``pair``: a key and a certificate signed by ``ca`` for ``usage``."""
+    name = pair.cert.stem
     extensions = {
         "basicConstraints": "critical,CA:FALSE",
         "keyUsage": "critical,digitalSignature,keyEncipherment",
@@ -181,7 +179,27 @@ def _make_leaf(
         cwd=directory,
     )
     csr.unlink()
-    return pair
+
+
+def _pair(directory: Path, name: str) -> KeyPair:
+    return KeyPair(directory / f"{name}.crt", directory / f"{name}.key")
+
+
+def pki_files(directory: Path) -> Pki:
+    """The paths of every credential file ``make_pki`` writes into ``directory``.
+
+    Reads nothing: a cluster found through its state directory rebuilds its
+    components' command lines from these paths.
+    """
+    return Pki(
+        ca=_pair(directory, "ca"),
+        apiserver=_pair(directory, "apiserver"),
+        admin=_pair(directory, "admin"),
+        controller_manager=_pair(directory, "kube-controller-manager"),
+        scheduler=_pair(directory, "kube-scheduler"),
+        service_account_key=directory / "service-account.key",
+        service_account_pub=directory / "service-account.pub",
+    )
 
 
 def make_pki(directory: Path) -> Pki:
@@ -191,28 +209,35 @@ def make_pki(directory: Path) -> Pki:
         directory: an existing, empty directory private to this cluster.
     """
     directory.mkdir(parents=True, exist_ok=True)
-    ca = _make_ca(directory)
-    apiserver = _make_leaf(
-        directory, ca, "apiserver", {"CN": "kube-apiserver"}, "server", SERVING_SANS
-    )
-    admin = _make_leaf(
-        directory, ca, "admin", {"O": "system:masters", "CN": "sessionfleet-e2e-admin"}, "client"
-    )
-    controller_manager = _make_leaf(
+    pki = pki_files(directory)
+    _make_ca(directory, pki.ca)
+    _make_leaf(directory, pki.ca, pki.apiserver, {"CN": "kube-apiserver"}, "server", SERVING_SANS)
+    _make_leaf(
         directory,
-        ca,
-        "kube-controller-manager",
+        pki.ca,
+        pki.admin,
+        {"O": "system:masters", "CN": "sessionfleet-e2e-admin"},
+        "client",
+    )
+    _make_leaf(
+        directory,
+        pki.ca,
+        pki.controller_manager,
         {"CN": "system:kube-controller-manager"},
         "client",
     )
-    scheduler = _make_leaf(
-        directory, ca, "kube-scheduler", {"CN": "system:kube-scheduler"}, "client"
-    )
+    _make_leaf(directory, pki.ca, pki.scheduler, {"CN": "system:kube-scheduler"}, "client")
     # The API server verifies service-account tokens with the public key; the
     # controller manager's token controller and the API server's TokenRequest
     # endpoint sign with the private one.
-    sa_key = directory / "service-account.key"
-    sa_pub = directory / "service-account.pub"
-    _new_key(sa_key, directory)
-    _openssl("pkey", "-in", str(sa_key), "-pubout", "-out", str(sa_pub), cwd=directory)
-    return Pki(ca, apiserver, admin, controller_manager, scheduler, sa_key, sa_pub)
+    _new_key(pki.service_account_key, directory)
+    _openssl(
+        "pkey",
+        "-in",
+        str(pki.service_account_key),
+        "-pubout",
+        "-out",
+        str(pki.service_account_pub),
+        cwd=directory,
+    )
+    return pki

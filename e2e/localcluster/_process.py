@@ -12,7 +12,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -41,21 +41,32 @@ class ProcessRecord:
         return cls(str(data["name"]), int(data["pid"]), int(data["start_ticks"]), str(data["log"]))
 
 
-def start_ticks(pid: int) -> int | None:
-    """Return the start time of ``pid`` in clock ticks, or None if it is gone.
-
-    A zombie counts as gone: it has exited and only waits to be reaped.
-    """
+def _stat_fields(pid: int) -> list[str] | None:
+    """The fields of ``/proc/<pid>/stat`` from the state (field 3) on, or None."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
     # The command name (field 2) may contain spaces and parentheses; the fields
     # after the last ')' are fixed: state is field 3, starttime field 22.
-    fields = stat[stat.rindex(")") + 2 :].split()
-    if fields[0] in ("Z", "X"):
+    return stat[stat.rindex(")") + 2 :].split()
+
+
+def start_ticks(pid: int) -> int | None:
+    """Return the start time of ``pid`` in clock ticks, or None if it is gone.
+
+    A zombie counts as gone: it has exited and only waits to be reaped.
+    """
+    fields = _stat_fields(pid)
+    if fields is None or fields[0] in ("Z", "X"):
         return None
     return int(fields[19])
+
+
+def is_stopped(record: ProcessRecord) -> bool:
+    """Whether the recorded process runs but is stopped (SIGSTOP: state ``T``)."""
+    fields = _stat_fields(record.pid)
+    return is_running(record) and fields is not None and fields[0] == "T"
 
 
 def is_running(record: ProcessRecord) -> bool:
@@ -116,18 +127,38 @@ def _signal_group(record: ProcessRecord, signum: int) -> None:
         pass
 
 
+def _wait_until(condition: Callable[[], bool], timeout: float) -> bool:
+    """Poll ``condition`` every 10 ms for up to ``timeout`` seconds; its last value."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() >= deadline:
+            return condition()
+        time.sleep(0.01)
+    return True
+
+
+def _reap(record: ProcessRecord) -> None:
+    """Wait for a child of this interpreter that has exited, so it is no zombie."""
+    child = _children.pop(record.pid, None)
+    if child is not None:
+        try:
+            child.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+
+
 def stop(record: ProcessRecord, timeout: float = 10.0) -> None:
-    """SIGTERM the process group, wait up to ``timeout`` seconds, then SIGKILL it."""
+    """SIGTERM the process group, wait up to ``timeout`` seconds, then SIGKILL it.
+
+    A stopped (SIGSTOPped) group is continued right after the SIGTERM, so that it
+    can act on it instead of waiting out ``timeout``.
+    """
     was_running = is_running(record)
     _signal_group(record, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    while is_running(record) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    if is_running(record):
+    _signal_group(record, signal.SIGCONT)
+    if not _wait_until(lambda: not is_running(record), timeout):
         _signal_group(record, signal.SIGKILL)
-        deadline = time.monotonic() + 5
-        while is_running(record) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        _wait_until(lambda: not is_running(record), 5)
     if was_running:
         # Children of the group leader may outlive it; the group id stays valid
         # while any member lives, and it is ours because the leader was ours.
@@ -135,12 +166,36 @@ def stop(record: ProcessRecord, timeout: float = 10.0) -> None:
             os.killpg(record.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
-    child = _children.pop(record.pid, None)
-    if child is not None:
-        try:
-            child.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            pass
+    _reap(record)
+
+
+def kill(record: ProcessRecord, timeout: float = 10.0) -> bool:
+    """SIGKILL the process group and wait until the process is gone.
+
+    A child of this interpreter is reaped; another one counts as gone once it is a
+    zombie (its own parent reaps it). Returns False if it still ran after
+    ``timeout`` seconds (uninterruptible sleep), True otherwise.
+    """
+    _signal_group(record, signal.SIGKILL)
+    gone = _wait_until(lambda: not is_running(record), timeout)
+    if gone:
+        _reap(record)
+    return gone
+
+
+def pause(record: ProcessRecord, timeout: float = 5.0) -> bool:
+    """SIGSTOP the process group; True once the process is stopped, within ``timeout``."""
+    _signal_group(record, signal.SIGSTOP)
+    return _wait_until(lambda: is_stopped(record), timeout)
+
+
+def resume(record: ProcessRecord, timeout: float = 5.0) -> bool:
+    """SIGCONT the process group; True once the process is no longer stopped.
+
+    Harmless on a process that runs or is gone (nothing is signalled then).
+    """
+    _signal_group(record, signal.SIGCONT)
+    return _wait_until(lambda: not is_stopped(record), timeout)
 
 
 def kwok_pod_cidrs_in_use() -> set[int]:

@@ -215,7 +215,11 @@ class PodBacker:
                     logger.warning("watch failed: %s; retrying", error)
                     time.sleep(1)
             except Exception as error:  # keep watching whatever happened
-                logger.warning("watch interrupted: %s; retrying", error)
+                # List again: an expired version can also surface here (the client
+                # fails on the 410 ERROR event of an undeserialized stream), and a
+                # fresh SYNC is right after any interruption.
+                logger.warning("watch interrupted: %r; listing again", error)
+                resource_version = None
                 time.sleep(1)
 
     def _dispatch(self, kind: str, payload: Any) -> None:

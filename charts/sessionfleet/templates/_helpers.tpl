@@ -90,6 +90,14 @@ argocd.argoproj.io/sync-options: Delete=false
 {{- end }}
 {{- end }}
 
+{{/*
+The operator replicas' leader-election Lease, in the release namespace:
+operator.leaderElection.leaseName, or `<fullname>-operator`.
+*/}}
+{{- define "sessionfleet.operatorLeaseName" -}}
+{{- default (printf "%s-operator" (include "sessionfleet.fullname" .)) .Values.operator.leaderElection.leaseName }}
+{{- end }}
+
 {{/* The namespace the router serves (and where its Role lives). */}}
 {{- define "sessionfleet.routerNamespace" -}}
 {{- default .Release.Namespace .Values.router.namespace }}

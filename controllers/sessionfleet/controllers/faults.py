@@ -6,7 +6,8 @@ tripped by one odd object, an engine reporting nonsense, a pod the API server re
 ``Reconciled=False`` with reason ``ReconcileError`` and the error as the message, it is
 logged once (again only when the message changes, or after ``LOG_AGAIN_SECONDS``),
 and every other job and the next pass go on. A write conflict (409) is not a fault:
-the next pass reads the object again.
+the next pass reads the object again. Nor is a write refused because this replica
+no longer leads: the object is fine, and the new leader takes it from here.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any, Final
 
 from sessionfleet.api import ConditionStatus, ConditionType, Reason
 from sessionfleet.controllers.records import Key
-from sessionfleet.kube import Conflict, KubeError, NotFound, Resource
+from sessionfleet.kube import Conflict, KubeError, NotFound, NotLeading, Resource
 from sessionfleet.policy.worker import ConditionPlan
 from sessionfleet.resources.status import merge_conditions
 
@@ -89,7 +90,7 @@ class Faults:
 
 def is_fault(error: Exception) -> bool:
     """Whether a job's exception is a fault to record (a 409 only means: read again)."""
-    return not isinstance(error, Conflict)
+    return not isinstance(error, (Conflict, NotLeading))
 
 
 async def run_isolated(

@@ -28,6 +28,7 @@ from sessionfleet.controllers.config import OperatorConfig
 from sessionfleet.controllers.faults import Faults
 from sessionfleet.controllers.records import Key, PolicyRecord, WorkerRecord, resource_version
 from sessionfleet.kube import Kube
+from sessionfleet.leader import Leadership, Solo
 from sessionfleet.policy.checkpoint import CheckpointState
 from sessionfleet.policy.handshake import RouterLease
 from sessionfleet.policy.observed import NodeState, PodState
@@ -159,6 +160,10 @@ class Fleet:
     or Periodic (the API server cannot tell who created an object)."""
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
     writes: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(16))
+    leadership: Leadership = field(default_factory=Solo)
+    """Whether this replica may write; ``kube`` refuses writes while it may not."""
+    loop_pass_at: float | None = None
+    """When the fleet loop last finished a pass (monotonic), for the liveness probe."""
 
     def spawn(self, name: str, work: Coroutine[Any, Any, None]) -> None:
         """Run slow work (a checkpoint, a migration through one) beside the loop.

@@ -74,15 +74,6 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
     supervisor.start("engine scraper", loop.scrape_forever(fleet))
 
 
-@kopf.on.probe(id="tasks")
-def tasks_alive(memo: kopf.Memo, **_: Any) -> str:
-    """Fail the liveness probe once a background task has died (the process then exits)."""
-    failure = memo["supervisor"].failure
-    if failure is not None:
-        raise RuntimeError(str(failure))
-    return "ok"
-
-
 @kopf.on.login()
 def login(memo: kopf.Memo, **_: Any) -> kopf.ConnectionInfo:
     """Give kopf the credentials our own client uses: one source, kubeconfig or in-cluster."""
@@ -99,9 +90,10 @@ def login(memo: kopf.Memo, **_: Any) -> kopf.ConnectionInfo:
 
 @kopf.on.cleanup()
 async def stop(memo: kopf.Memo, **_: Any) -> None:
-    """Stop the loop and close the clients."""
+    """Stop the loop, give the Lease up (a standby then takes over at once), close clients."""
     await memo["supervisor"].stop()
     fleet: Fleet = memo["fleet"]
+    await fleet.leadership.release()
     await fleet.http.aclose()
     await fleet.kube.aclose()
 
@@ -236,5 +228,6 @@ async def session_event(
         return
     state = session_record(body)
     fleet.ledger.observe(state.key, state.worker)  # the index shows this event now
-    if state.worker is None and state.phase is None and not state.finished:
+    new = state.worker is None and state.phase is None and not state.finished
+    if new and fleet.leadership.leading:  # a standby only keeps its indexes
         await reconcile_session(fleet, state, loop.utcnow())

@@ -11,6 +11,7 @@ import asyncio
 import functools
 import logging
 import math
+import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
@@ -146,15 +147,21 @@ def _export_gauges(fleet: Fleet) -> None:
 
 
 async def run(fleet: Fleet) -> None:
-    """Reconcile forever: on every wake-up, and at least every resync interval."""
+    """Reconcile forever, once leading: on every wake-up, and at least every resync interval.
+
+    A standby waits here with its indexes kept warm by the watches, so it takes over
+    from a picture of the fleet that is already complete.
+    """
     await fleet.indexed.wait()
-    log.info("indexes populated; the fleet loop starts")
+    await fleet.leadership.acquired.wait()
+    log.info("indexes populated and leading; the fleet loop starts")
     while True:
         fleet.wakeup.clear()
         try:
             await reconcile_once(fleet, utcnow())
         except Exception:  # the loop must outlive any one bad step
             log.exception("fleet loop iteration failed")
+        fleet.loop_pass_at = time.monotonic()
         try:
             await asyncio.wait_for(fleet.wakeup.wait(), timeout=fleet.config.resync_seconds)
         except TimeoutError:
@@ -228,8 +235,12 @@ async def scrape_worker(fleet: Fleet, key: tuple[str, str], endpoint: str) -> No
 
 
 async def scrape_forever(fleet: Fleet) -> None:
-    """Scrape every Ready worker's engine on the scrape interval, then wake the loop."""
+    """Scrape every Ready worker's engine on the scrape interval, then wake the loop.
+
+    Only the leader scrapes: the figures feed its decisions and status writes.
+    """
     await fleet.indexed.wait()
+    await fleet.leadership.acquired.wait()
     while True:
         targets = [
             (r.key, r.status.endpoint)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -15,10 +17,14 @@ from sessionfleet.api import parse_duration
 from sessionfleet.checkpoint.criu import AGENT_PORT
 from sessionfleet.cliargs import fraction, positive_int
 from sessionfleet.controllers.config import OperatorConfig
+from sessionfleet.leader import DEFAULT_LEASE_NAME
+from sessionfleet.policy.leadership import ElectionTiming
 from sessionfleet.resources.pods import EngineImages
 from sessionfleet.supervise import EXIT_TASK_FAILED, Supervisor
 
 DEFAULTS = OperatorConfig()
+ELECTION = ElectionTiming()
+SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
 
 def _duration(text: str) -> timedelta:
@@ -104,15 +110,84 @@ def add_parser(commands: Any) -> None:
         default=AGENT_PORT,
         help=f"the node agents' port on their node's InternalIP (a hostPort; default {AGENT_PORT})",
     )
+    election = parser.add_argument_group(
+        "leader election",
+        "Run two or more replicas with --leader-elect: one leads and writes, the others "
+        "keep their indexes warm and take over when it stops renewing the Lease "
+        "(docs/operator.md, High availability).",
+    )
+    election.add_argument(
+        "--leader-elect",
+        action="store_true",
+        help="elect a leader on a coordination.k8s.io Lease; without it this process "
+        "writes alone, so never run two",
+    )
+    election.add_argument(
+        "--leader-election-namespace",
+        help="the Lease's namespace (default: $POD_NAMESPACE, else the pod's ServiceAccount "
+        "namespace)",
+    )
+    election.add_argument(
+        "--leader-election-id",
+        default=DEFAULT_LEASE_NAME,
+        help=f"the Lease's name (default {DEFAULT_LEASE_NAME})",
+    )
+    election.add_argument(
+        "--lease-duration",
+        type=_duration,
+        default=ELECTION.lease_duration,
+        help="how long a standby waits after the Lease last changed before taking it (default 15s)",
+    )
+    election.add_argument(
+        "--renew-deadline",
+        type=_duration,
+        default=ELECTION.renew_deadline,
+        help="how long the leader tries to renew before it stops writing and exits "
+        "(default 10s; shorter than --lease-duration)",
+    )
+    election.add_argument(
+        "--retry-period",
+        type=_duration,
+        default=ELECTION.retry_period,
+        help="how often candidates try for the Lease and the leader renews it (default 2s)",
+    )
     parser.add_argument("--metrics-port", type=int, default=DEFAULTS.metrics_port)
     parser.add_argument("--health-port", type=int, default=DEFAULTS.health_port)
     parser.add_argument("--vllm-image", default=DEFAULTS.images.vllm)
     parser.add_argument("--sim-image", default=DEFAULTS.images.sim)
     parser.add_argument("--verbose", "-v", action="store_true", help="log debug messages")
-    parser.set_defaults(func=_run)
+    # Checks across flags need the parser to report them as usage errors (status 2).
+    parser.set_defaults(func=_run, parser_error=parser.error)
+
+
+@dataclass(frozen=True, slots=True)
+class ElectionConfig:
+    """Where and how the replicas elect their leader."""
+
+    namespace: str
+    name: str
+    timing: ElectionTiming
+
+
+def _election(args: argparse.Namespace, parser_error: Any) -> ElectionConfig | None:
+    if not args.leader_elect:
+        return None
+    timing = ElectionTiming(args.lease_duration, args.renew_deadline, args.retry_period)
+    if problems := timing.problems():
+        parser_error("; ".join(problems))
+    namespace = args.leader_election_namespace or os.environ.get("POD_NAMESPACE")
+    if not namespace and os.path.exists(SERVICE_ACCOUNT_NAMESPACE):
+        with open(SERVICE_ACCOUNT_NAMESPACE) as file:
+            namespace = file.read().strip()
+    if not namespace:
+        parser_error(
+            "--leader-elect needs --leader-election-namespace outside a pod (or $POD_NAMESPACE)"
+        )
+    return ElectionConfig(str(namespace), args.leader_election_id, timing)
 
 
 def _run(args: argparse.Namespace) -> int:
+    election = _election(args, args.parser_error)
     config = OperatorConfig(
         namespaces=tuple(args.namespace),
         kubeconfig=args.kubeconfig,
@@ -136,17 +211,24 @@ def _run(args: argparse.Namespace) -> int:
         # Per-request and per-event lines would drown what matters at fleet scale.
         logging.getLogger("httpx").setLevel(logging.WARNING)
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
-    return asyncio.run(run_operator(config, args.agent_token_file, args.agent_port))
+    return asyncio.run(run_operator(config, args.agent_token_file, args.agent_port, election))
 
 
 async def run_operator(
-    config: OperatorConfig, agent_token_file: str | None = None, agent_port: int = AGENT_PORT
+    config: OperatorConfig,
+    agent_token_file: str | None = None,
+    agent_port: int = AGENT_PORT,
+    election: ElectionConfig | None = None,
 ) -> int:
     """Run kopf with the sessionfleet handlers until it is stopped; return the exit status.
 
     The fleet loop and the engine scraper run under a :class:`Supervisor`: when one of
     them dies, the liveness probe fails and the operator stops with status 1, so that
     Kubernetes restarts it rather than leaving a process that answers but decides nothing.
+
+    With ``election``, the process stands by until it holds the Lease; every write of
+    its API clients is refused unsent while it does not (:mod:`sessionfleet.leader`),
+    and losing the Lease stops it like a dead task does.
 
     The ``engine`` and ``kubelet`` checkpoint drivers are always available (the second
     needs ``nodes/proxy`` RBAC, which the chart grants only when asked); ``criu`` needs
@@ -162,38 +244,62 @@ async def run_operator(
     from sessionfleet.checkpoint.kubelet import KubeletDriver
     from sessionfleet.controllers import handlers  # noqa: F401 - registers the handlers
     from sessionfleet.controllers.fleet import Fleet
+    from sessionfleet.controllers.health import serve_health
     from sessionfleet.kube import Kube, KubeConfig
+    from sessionfleet.leader import LeaderElector, Leadership, Solo
 
     kube_config = KubeConfig.load(config.kubeconfig)
+    leadership: Leadership = Solo()
+    if election is not None:
+        # Its own client: a renewal must not queue behind a burst of session writes.
+        election_kube = Kube(
+            kube_config,
+            timeout=election.timing.renew_deadline.total_seconds(),
+            user_agent="sessionfleet-operator-election",
+        )
+        leadership = LeaderElector(
+            election_kube, election.namespace, election.name, timing=election.timing
+        )
+
+    def may_write() -> bool:
+        return leadership.leading
+
     http = httpx.AsyncClient()
-    kube = Kube(kube_config, user_agent="sessionfleet-operator")
+    kube = Kube(kube_config, user_agent="sessionfleet-operator", write_gate=may_write)
     drivers: dict[CheckpointDriver, Driver] = {
         CheckpointDriver.ENGINE: EngineDriver(http),
         # A kubelet checkpoint holds the request open while the runtime dumps memory.
         CheckpointDriver.KUBELET: KubeletDriver(
-            Kube(kube_config, timeout=660.0, user_agent="sessionfleet-operator")
+            Kube(
+                kube_config, timeout=660.0, user_agent="sessionfleet-operator", write_gate=may_write
+            )
         ),
     }
     if agent_token_file:
         token = Path(agent_token_file).read_text().strip()
         locate = node_address_locator(kube, agent_port)
         drivers[CheckpointDriver.CRIU] = CriuDriver(http, kube, locate=locate, token=token)
-    fleet = Fleet(config=config, kube=kube, http=http, drivers=drivers)
+    fleet = Fleet(config=config, kube=kube, http=http, drivers=drivers, leadership=leadership)
     start_http_server(config.metrics_port)
     supervisor = Supervisor(logging.getLogger("sessionfleet.operator"))
     stop = asyncio.Event()
     watchdog = asyncio.create_task(_stop_on_failure(supervisor, stop))
+    health = await serve_health(fleet, supervisor, config.health_port)
+    if isinstance(leadership, LeaderElector):
+        supervisor.start("leader election", leadership.run())
     try:
         await kopf.operator(
             clusterwide=not config.namespaces,
             namespaces=config.namespaces,
             standalone=True,
-            liveness_endpoint=f"http://0.0.0.0:{config.health_port}/healthz",
             memo=kopf.Memo(fleet=fleet, supervisor=supervisor),
             stop_flag=stop,
         )
     finally:
         watchdog.cancel()
+        await health.cleanup()
+        if isinstance(leadership, LeaderElector):
+            await leadership.kube.aclose()
     return EXIT_TASK_FAILED if supervisor.failure is not None else 0
 
 

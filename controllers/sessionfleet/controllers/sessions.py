@@ -23,7 +23,7 @@ from sessionfleet.checkpoint import CheckpointOutcome, DriverError
 from sessionfleet.controllers import checkpoints, metrics
 from sessionfleet.controllers.fleet import Fleet
 from sessionfleet.controllers.records import WorkerRecord
-from sessionfleet.kube import SESSIONS, KubeError, NotFound
+from sessionfleet.kube import SESSIONS, Conflict, KubeError, NotFound
 from sessionfleet.policy.migration import MigrationAction, plan_migration
 from sessionfleet.policy.placement import PlacementRequest, place
 from sessionfleet.policy.sessions import (
@@ -51,9 +51,17 @@ async def _patch_status(fleet: Fleet, session: SessionState, status: dict[str, A
         # connection pool, whose bookkeeping costs grow with its queue (encode/httpcore#1035).
         async with fleet.writes:
             body = await fleet.kube.patch(
-                SESSIONS, session.name, {"status": status}, session.namespace, status=True
+                SESSIONS,
+                session.name,
+                {"status": status},
+                session.namespace,
+                status=True,
+                # Decided from this copy: if anyone wrote the session since (a router's
+                # usage, or another operator replica that believed it led), the write
+                # fails and the next pass decides again from the newer copy.
+                resource_version=session.resource_version or None,
             )
-    except NotFound:
+    except (NotFound, Conflict):
         return False
     metrics.API_WRITES.labels("patch", "agentsessions/status").inc()
     fleet.freshness.mark(session.key, body)
@@ -307,6 +315,13 @@ async def _rebind(
     saved: tuple[str, CheckpointOutcome] | None,
     now: datetime,
 ) -> None:
+    # A save can take minutes: rebind from the copy the index holds now, and only if it
+    # is still on the source (the write fails if anyone changes it meanwhile).
+    current = fleet.session(session.namespace, session.name)
+    if current is None or current.worker != source:
+        fleet.ledger.settle(session.key)
+        return
+    session = current
     record = fleet.worker(session.namespace, target)
     status = record.status if record is not None else None
     checkpoint = None

@@ -186,9 +186,19 @@ def worth_writing(fleet: Fleet, record: WorkerRecord, patch: dict[str, Any]) -> 
 
 
 async def write_status(fleet: Fleet, record: WorkerRecord, patch: dict[str, Any]) -> None:
-    """Patch the worker's status subresource and remember the version it produced."""
+    """Patch the worker's status subresource and remember the version it produced.
+
+    The patch applies only to the version it was decided from: a write from a stale
+    copy (another replica that believed it led wrote since) fails with Conflict, which
+    ends this pass's reconcile of the worker before any pod is created from it.
+    """
     body = await fleet.kube.patch(
-        WORKERS, record.name, {"status": patch}, record.namespace, status=True
+        WORKERS,
+        record.name,
+        {"status": patch},
+        record.namespace,
+        status=True,
+        resource_version=record.resource_version or None,
     )
     metrics.API_WRITES.labels("patch", "inferenceworkers/status").inc()
     fleet.freshness.mark(record.key, body)

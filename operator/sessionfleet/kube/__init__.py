@@ -10,6 +10,7 @@ from sessionfleet.kube.errors import (
     Invalid,
     KubeError,
     NotFound,
+    NotLeading,
     TooManyRequests,
 )
 from sessionfleet.kube.reflector import Event, reflect
@@ -46,6 +47,7 @@ __all__ = [
     "KubeConfig",
     "KubeError",
     "NotFound",
+    "NotLeading",
     "Resource",
     "TooManyRequests",
     "reflect",

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import json
 import ssl
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, Literal
 
 import httpx
 
 from sessionfleet.kube.config import KubeConfig
-from sessionfleet.kube.errors import ApiUnavailable, KubeError, error_for
+from sessionfleet.kube.errors import ApiUnavailable, KubeError, NotLeading, error_for
 from sessionfleet.kube.resources import PODS, Resource
 
 PatchType = Literal["merge", "strategic", "json", "apply"]
@@ -48,9 +48,16 @@ class Kube:
         timeout: float = 30.0,
         field_manager: str = FIELD_MANAGER,
         user_agent: str = "sessionfleet",
+        write_gate: Callable[[], bool] | None = None,
     ) -> None:
+        """Bind a client to ``config``.
+
+        ``write_gate``, when given, is asked before every request but a GET: while it
+        answers false the request is refused with :class:`NotLeading`, unsent.
+        """
         self.config = config
         self.field_manager = field_manager
+        self.write_gate = write_gate
         self._http = httpx.AsyncClient(
             base_url=config.server,
             verify=_ssl_context(config),
@@ -86,6 +93,8 @@ class Kube:
         content_type: str = "application/json",
     ) -> dict[str, Any]:
         """Send one request; return the decoded JSON answer or raise a KubeError."""
+        if method != "GET" and self.write_gate is not None and not self.write_gate():
+            raise NotLeading(0, f"{method} {path}: not sent, this process is not the leader")
         content = None if body is None else json.dumps(body).encode()
         headers = self._headers({"Content-Type": content_type} if content is not None else None)
         try:
@@ -154,8 +163,19 @@ class Kube:
         *,
         status: bool = False,
         patch_type: PatchType = "merge",
+        resource_version: int | str | None = None,
     ) -> dict[str, Any]:
-        """Patch an object, or its status subresource when ``status`` is true."""
+        """Patch an object, or its status subresource when ``status`` is true.
+
+        With ``resource_version`` (a merge patch), the API server applies the patch only
+        to that version of the object and answers :class:`Conflict` otherwise: a write
+        decided from a copy that someone has since changed fails instead of winning.
+        """
+        if resource_version is not None:
+            if patch_type != "merge":
+                raise ValueError("a resourceVersion precondition needs a merge patch")
+            metadata = {**body.get("metadata", {}), "resourceVersion": str(resource_version)}
+            body = {**body, "metadata": metadata}
         path = resource.path(namespace, name) + ("/status" if status else "")
         params: dict[str, str | int] = {"fieldManager": self.field_manager}
         if patch_type == "apply":

@@ -54,6 +54,14 @@ class ApiUnavailable(KubeError):
     """No usable answer: connection failure, timeout or a 5xx; retry later."""
 
 
+class NotLeading(KubeError):
+    """Refused here, never sent: this process does not hold the leadership now.
+
+    Raised by a :class:`~sessionfleet.kube.client.Kube` with a write gate, for every
+    request but a read, once the gate closes (see :mod:`sessionfleet.leader`).
+    """
+
+
 _BY_STATUS: dict[int, type[KubeError]] = {
     403: Forbidden,
     404: NotFound,

@@ -37,8 +37,11 @@ async def reflect(
 ) -> AsyncIterator[Event]:
     """Yield a SYNC event with every object, then ADDED/MODIFIED/DELETED events.
 
-    On an expired resourceVersion (410) or a broken connection it lists again and
-    yields a fresh SYNC, so a consumer that replaces its state on SYNC never drifts.
+    A broken connection or a failed request resumes the watch from the last
+    resourceVersion seen, as client-go's reflector does: nothing is missed and nothing
+    is listed again. Only when that version has expired (410 Gone: after a long
+    outage, an API server restart, a compaction) does it list again and yield a fresh
+    SYNC, so a consumer that replaces its state on SYNC never drifts.
     """
     resource_version = ""
     while True:
@@ -57,9 +60,15 @@ async def reflect(
                 resource_version = obj.get("metadata", {}).get("resourceVersion", resource_version)
                 if kind != "BOOKMARK":
                     yield Event(kind, obj)
-        except Gone:
+        except Gone as error:
+            # Normal after a long disconnect or an API server restart; worth a line.
+            log.info("watch of %s expired (410 Gone: %s); listing again", resource.plural, error)
             resource_version = ""
         except (ApiUnavailable, KubeError) as error:
-            log.warning("watch of %s interrupted: %s; retrying", resource.plural, error)
-            resource_version = ""
+            log.warning(
+                "watch of %s interrupted: %s; resuming from %s",
+                resource.plural,
+                error,
+                resource_version or "a fresh list",
+            )
             await asyncio.sleep(retry_delay)

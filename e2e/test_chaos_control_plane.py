@@ -1,0 +1,120 @@
+"""Chaos of the control plane itself — the API server, etcd, expiring watches — under load.
+
+Each case runs a drain with two operator replicas, a router and sessions sending turns
+without pause (:mod:`e2e.chaos`), breaks the control plane mid-drain, and checks that
+every binding survives, no pod is duplicated, holds stay up while sessions are pinned,
+every session ends Bound or Finished and the router answered every turn.
+
+These faults break every client of a cluster, so the module runs on a control plane
+of the pytest worker's own (``private_cluster``, e2e/conftest.py).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from e2e.chaos import Scene
+from e2e.helpers import wait_until
+from e2e.localcluster import LocalCluster
+
+pytestmark = pytest.mark.timeout(300)
+
+WAIT = {"mode": "Wait", "deadline": "10m"}
+
+
+@pytest.fixture
+def scene_of(
+    private_cluster: LocalCluster, tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[Any]:
+    """Make the test's scene in a fresh namespace of the chaos cluster; close it after."""
+    made: list[Scene] = []
+    api = private_cluster.api_client()
+    core = client.CoreV1Api(api)
+    namespace = f"chaos-{request.node.name[5:30].replace('_', '-')}".rstrip("-")
+    core.create_namespace({"metadata": {"name": namespace}})
+    wait_until(
+        lambda: core.read_namespaced_service_account("default", namespace),
+        timeout=30,
+        what="the namespace's default ServiceAccount",
+    )
+
+    def make(case: str) -> Scene:
+        scene = Scene(
+            case,
+            private_cluster,
+            api,
+            namespace,
+            private_cluster.gpu_nodes,
+            tmp_path,
+            policy=WAIT,
+        )
+        made.append(scene)
+        return scene
+
+    yield make
+    for scene in made:
+        scene.close()
+    core.delete_namespace(namespace)
+    api.close()
+
+
+def test_the_api_server_killed_and_restarted_mid_drain(
+    private_cluster: LocalCluster, scene_of: Any
+) -> None:
+    scene: Scene = scene_of("apiserver-restart")
+    started_at = scene.draining()
+    private_cluster.kill("kube-apiserver")  # SIGKILL: no graceful shutdown; etcd keeps the data
+    time.sleep(3)
+    private_cluster.restart("kube-apiserver")
+    scene.fault_ended = time.monotonic()
+    scene.leader()
+    recovery = scene.recovered()
+    figures = scene.verdict(expect_worker="src", recovery_seconds=recovery)
+    assert figures["samplesUnreachable"] > 0, "the outage was not seen"
+    scene.drain_completes(started_at)
+
+
+def test_etcd_paused_for_ten_seconds_mid_drain(
+    private_cluster: LocalCluster, scene_of: Any
+) -> None:
+    scene: Scene = scene_of("etcd-paused")
+    started_at = scene.draining()
+    with private_cluster.paused("etcd", seconds=10):
+        time.sleep(10)
+    scene.fault_ended = time.monotonic()
+    scene.leader()
+    recovery = scene.recovered()
+    figures = scene.verdict(expect_worker="src", recovery_seconds=recovery)
+    assert figures["samplesUnreachable"] > 0, "the pause was not seen"
+    scene.drain_completes(started_at)
+
+
+def test_watches_expiring_after_etcd_is_compacted_mid_drain(
+    private_cluster: LocalCluster, scene_of: Any
+) -> None:
+    """Compacting etcd alone expires nothing a client watches: the API server's watch
+    cache serves watches from its own window (e2e/README.md). What expires them is
+    the cache starting afresh while etcd no longer holds the old versions — after
+    the compaction, the API server restarts, and every watch that reconnects from
+    its last resourceVersion is answered 410 Gone, and must list again."""
+    scene: Scene = scene_of("watches-expire")
+    started_at = scene.draining()
+    revision = private_cluster.compact_etcd()
+    private_cluster.restart("kube-apiserver")
+    scene.fault_ended = time.monotonic()
+    assert private_cluster.etcd_revision() >= revision
+    scene.leader()
+    recovery = scene.recovered()
+    scene.wait(
+        lambda: scene.router is not None and "410 Gone" in scene.router.log_tail(400),
+        timeout=30,
+        what="the router's watch expired and relisted",
+    )
+    scene.verdict(expect_worker="src", recovery_seconds=recovery)
+    scene.drain_completes(started_at)

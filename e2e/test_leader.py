@@ -1,0 +1,192 @@
+"""Leader election against the real API server: one leader, a takeover when it stops
+renewing, a fast one when it releases, and writes fenced twice (gate and precondition).
+
+The electors run in this process with short timings; e2e/test_chaos.py kills whole
+operator replicas.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from e2e.localcluster import LocalCluster
+from sessionfleet.kube import LEASES, SESSIONS, Conflict, Kube, KubeConfig, NotLeading
+from sessionfleet.leader import LeaderElector
+from sessionfleet.policy.leadership import ElectionTiming
+
+pytestmark = pytest.mark.timeout(90)
+
+FAST = ElectionTiming(
+    lease_duration=timedelta(seconds=3),
+    renew_deadline=timedelta(seconds=2),
+    retry_period=timedelta(seconds=0.25),
+)
+
+
+@pytest.fixture
+async def kube(cluster: LocalCluster) -> AsyncIterator[Kube]:
+    client = Kube(KubeConfig.load(str(cluster.kubeconfig)), timeout=5.0)
+    yield client
+    await client.aclose()
+
+
+def elector(kube: Kube, namespace: str, identity: str) -> LeaderElector:
+    return LeaderElector(kube, namespace, "election", identity=identity, timing=FAST)
+
+
+async def wait_for(check: object, timeout: float) -> float:
+    """Wait until ``check()`` holds; return the monotonic time it first did."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():  # type: ignore[operator]
+            return time.monotonic()
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"not within {timeout} s")
+
+
+async def test_one_of_two_candidates_leads_and_the_other_takes_over_when_it_stops_renewing(
+    kube: Kube, namespace: str
+) -> None:
+    a, b = elector(kube, namespace, "a"), elector(kube, namespace, "b")
+    run_a = asyncio.create_task(a.run())
+    await wait_for(lambda: a.leading, 10)
+    run_b = asyncio.create_task(b.run())
+    await asyncio.sleep(FAST.lease_duration.total_seconds() * 1.5)
+    assert a.leading and not b.leading and b.holder == "a"
+
+    # The leader freezes: it neither renews nor releases (a SIGSTOP, a lost network).
+    run_a.cancel()
+    lost = await wait_for(lambda: not a.leading, 10)
+    took = await wait_for(lambda: b.leading, 10)
+    assert lost < took, "the deposed leader's gate must close before the successor leads"
+    lease = await kube.get(LEASES, "election", namespace)
+    assert lease["spec"]["holderIdentity"] == "b"
+    assert lease["spec"]["leaseTransitions"] == 1
+    run_b.cancel()
+    await asyncio.gather(run_a, run_b, return_exceptions=True)
+
+
+async def test_a_released_lease_is_taken_within_a_retry_period(kube: Kube, namespace: str) -> None:
+    a, b = elector(kube, namespace, "a"), elector(kube, namespace, "b")
+    run_a = asyncio.create_task(a.run())
+    await wait_for(lambda: a.leading, 10)
+    run_b = asyncio.create_task(b.run())
+    await asyncio.sleep(0.5)
+    run_a.cancel()
+    await asyncio.gather(run_a, return_exceptions=True)
+    released = time.monotonic()
+    await a.release()
+    assert not a.leading
+    took = await wait_for(lambda: b.leading, 5)
+    # Well under the lease duration: a rolling update hands over at once.
+    assert took - released < FAST.lease_duration.total_seconds()
+    run_b.cancel()
+    await asyncio.gather(run_b, return_exceptions=True)
+
+
+async def test_a_leader_that_cannot_renew_stops_writing_and_says_so(
+    cluster: LocalCluster, kube: Kube, namespace: str
+) -> None:
+    a = elector(kube, namespace, "a")
+    run_a = asyncio.create_task(a.run())
+    await wait_for(lambda: a.leading, 10)
+    # Someone else takes the Lease by force (an admin, or a standby that saw it expire).
+    await kube.patch(LEASES, "election", {"spec": {"holderIdentity": "intruder"}}, namespace)
+    with pytest.raises(Exception, match="could not renew"):
+        await asyncio.wait_for(run_a, 10)
+    assert not a.leading
+
+
+async def test_writes_are_fenced_by_the_gate_and_by_the_resource_version(
+    cluster: LocalCluster, kube: Kube, namespace: str, crds_installed: None
+) -> None:
+    body = {
+        "apiVersion": "sessionfleet.dev/v1alpha1",
+        "kind": "AgentSession",
+        "metadata": {"name": "s"},
+        "spec": {"sessionId": "id-s", "model": "m"},
+    }
+    created = await kube.create(SESSIONS, body, namespace)
+    version = created["metadata"]["resourceVersion"]
+
+    leading = False
+    gated = Kube(KubeConfig.load(str(cluster.kubeconfig)), write_gate=lambda: leading)
+    try:
+        # Refused unsent while the gate is closed; reads still go through.
+        with pytest.raises(NotLeading):
+            await gated.patch(
+                SESSIONS, "s", {"status": {"phase": "Pending"}}, namespace, status=True
+            )
+        assert (await gated.get(SESSIONS, "s", namespace))["metadata"]["resourceVersion"] == version
+        leading = True
+        # A write decided from a copy someone has since changed fails instead of winning.
+        await kube.patch(SESSIONS, "s", {"metadata": {"labels": {"x": "1"}}}, namespace)
+        with pytest.raises(Conflict):
+            await gated.patch(
+                SESSIONS,
+                "s",
+                {"status": {"phase": "Pending"}},
+                namespace,
+                status=True,
+                resource_version=version,
+            )
+        current = await gated.get(SESSIONS, "s", namespace)
+        assert "phase" not in (current.get("status") or {})
+        written = await gated.patch(
+            SESSIONS,
+            "s",
+            {"status": {"phase": "Pending"}},
+            namespace,
+            status=True,
+            resource_version=current["metadata"]["resourceVersion"],
+        )
+        assert written["status"]["phase"] == "Pending"
+    finally:
+        await gated.aclose()
+
+
+def test_two_operator_replicas_elect_one_and_the_standby_is_ready(
+    cluster: LocalCluster, namespace: str, crds_installed: None, tmp_path: Path
+) -> None:
+    """Covered end to end in e2e/test_chaos.py; here only the probes and the Lease."""
+    import httpx
+
+    from e2e.helpers import wait_until
+    from e2e.operator import OperatorProcess
+
+    replicas = [
+        OperatorProcess(
+            cluster.kubeconfig,
+            namespace,
+            tmp_path / str(i),
+            f"--leader-election-namespace={namespace}",
+        )
+        for i in range(2)
+    ]
+    for replica in replicas:
+        replica.log_path.parent.mkdir(exist_ok=True)
+        replica.start()
+    try:
+
+        def roles() -> list[str] | None:
+            answers = []
+            for replica in replicas:
+                try:
+                    answer = httpx.get(f"http://127.0.0.1:{replica.health_port}/readyz", timeout=2)
+                except httpx.HTTPError:
+                    return None
+                if answer.status_code != 200:
+                    return None
+                answers.append(answer.json()["role"])
+            return sorted(answers)
+
+        assert wait_until(roles, timeout=30, what="both replicas ready") == ["leader", "standby"]
+    finally:
+        for replica in replicas:
+            replica.stop()

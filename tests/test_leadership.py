@@ -1,0 +1,117 @@
+"""Leader election's decisions (client-go's rules) and the Lease bodies they write."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sessionfleet.policy.leadership import (
+    ElectionTiming,
+    LeaseRecord,
+    Observation,
+    Step,
+    lease_record,
+    next_step,
+    observe,
+    still_leading,
+)
+from sessionfleet.resources.leases import leader_lease, leader_lease_claim, leader_lease_release
+
+TIMING = ElectionTiming()
+
+
+def record(holder: str = "a", version: str = "1", transitions: int = 0) -> LeaseRecord:
+    return LeaseRecord(holder, 15, transitions, "2026-12-01T00:00:00.000000Z", version)
+
+
+def test_the_defaults_are_client_gos_and_valid() -> None:
+    assert TIMING.lease_duration == timedelta(seconds=15)
+    assert TIMING.renew_deadline == timedelta(seconds=10)
+    assert TIMING.retry_period == timedelta(seconds=2)
+    assert TIMING.problems() == []
+
+
+@pytest.mark.parametrize(
+    ("lease", "renew", "retry", "problem"),
+    [
+        (10, 10, 2, "longer than the renew deadline"),
+        (15, 2, 2, "1.2 times the retry period"),
+        (15, 10, 0, "must be positive"),
+        (2.5, 2, 1, "whole number of seconds"),
+    ],
+)
+def test_settings_that_break_the_safety_margin_are_refused(
+    lease: float, renew: float, retry: float, problem: str
+) -> None:
+    timing = ElectionTiming(
+        timedelta(seconds=lease), timedelta(seconds=renew), timedelta(seconds=retry)
+    )
+    assert any(problem in text for text in timing.problems())
+
+
+def test_a_missing_lease_is_created_and_ones_own_is_renewed() -> None:
+    assert next_step(None, "a", 0.0) is Step.CREATE
+    assert next_step(Observation(record("a"), 0.0), "a", 100.0) is Step.RENEW
+
+
+def test_a_released_lease_is_taken_at_once() -> None:
+    assert next_step(Observation(record(""), 50.0), "b", 50.0) is Step.TAKE
+
+
+def test_another_holder_is_presumed_alive_for_a_lease_duration_after_it_last_changed() -> None:
+    seen = observe(None, record("a", "7"), 100.0)
+    assert next_step(seen, "b", 114.9) is Step.WAIT
+    assert next_step(seen, "b", 115.0) is Step.TAKE
+    # A renewal (new resourceVersion) restarts the clock; the same record does not.
+    assert observe(seen, record("a", "7"), 110.0) is seen
+    renewed = observe(seen, record("a", "8"), 110.0)
+    assert next_step(renewed, "b", 124.9) is Step.WAIT
+
+
+@given(
+    renewed_at=st.floats(0, 1e6),
+    seen_after=st.floats(0, 30),
+    elapsed=st.floats(0, 60),
+)
+def test_a_leader_stops_writing_before_any_standby_may_take_over(
+    renewed_at: float, seen_after: float, elapsed: float
+) -> None:
+    """The safety property: from the renewal sent at ``renewed_at``, a standby sees the
+    record change no earlier than that, and may take it a lease duration later; the
+    leader's gate has closed by then."""
+    standby_seen = renewed_at + seen_after
+    now = renewed_at + elapsed
+    standby_takes = next_step(Observation(record("a"), standby_seen), "b", now) is Step.TAKE
+    assert not (standby_takes and still_leading(renewed_at, now, TIMING))
+
+
+def test_never_leading_before_a_renewal() -> None:
+    assert not still_leading(None, 0.0, TIMING)
+    assert still_leading(5.0, 14.9, TIMING)
+    assert not still_leading(5.0, 15.0, TIMING)
+
+
+def test_the_lease_bodies_carry_holder_times_transitions_and_the_precondition() -> None:
+    created = leader_lease("sf", "a", duration_seconds=15, now=0.0)
+    assert created["spec"]["holderIdentity"] == "a"
+    assert created["spec"]["acquireTime"] == created["spec"]["renewTime"]
+    assert created["spec"]["renewTime"] == "1970-01-01T00:00:00.000000Z"
+
+    held = lease_record({**created, "metadata": {"name": "sf", "resourceVersion": "41"}})
+    renewal = leader_lease_claim(held, "a", duration_seconds=15, now=10.0)
+    assert renewal["metadata"] == {"resourceVersion": "41"}
+    assert renewal["spec"]["acquireTime"] == created["spec"]["acquireTime"]
+    assert renewal["spec"]["leaseTransitions"] == 0
+
+    takeover = leader_lease_claim(held, "b", duration_seconds=15, now=30.0)
+    assert takeover["spec"]["holderIdentity"] == "b"
+    assert takeover["spec"]["acquireTime"] == "1970-01-01T00:00:30.000000Z"
+    assert takeover["spec"]["leaseTransitions"] == 1
+
+    released = leader_lease_release(held, now=40.0)
+    assert released["spec"]["holderIdentity"] is None  # a merge patch deletes it
+    assert released["spec"]["leaseDurationSeconds"] == 1
+    assert released["metadata"] == {"resourceVersion": "41"}
