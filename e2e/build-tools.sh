@@ -6,6 +6,7 @@
 #   etcd                                                               go.etcd.io/etcd/server/v3 (as pinned by Kubernetes)
 #   kwok (+ its shipped Stage YAMLs)                                   sigs.k8s.io/kwok v0.8.0
 #   helm                                                               helm.sh/helm/v3 v3.22.0
+#   promtool                                                           github.com/prometheus/prometheus v0.316.0 (Prometheus 3.16.0)
 #
 # The versions live in the committed go.mod/go.sum files under e2e/tools/; this script
 # only decides what to (re)build. Output directory (printed at the end):
@@ -129,7 +130,7 @@ copy_kwok_stages() {
 }
 
 echo "e2e-tools: ${go_version}, cache ${cache_root}"
-echo "e2e-tools: a cold build takes about 12-15 minutes on 2 cores; later runs reuse the cache"
+echo "e2e-tools: a cold build takes about 15-20 minutes on 2 cores; later runs reuse the cache"
 k8s_mod="${tools_src}/k8s"
 build_one kube-apiserver "$k8s_mod" k8s.io/kubernetes/cmd/kube-apiserver "$k8s_ldflags"
 build_one kube-controller-manager "$k8s_mod" k8s.io/kubernetes/cmd/kube-controller-manager "$k8s_ldflags"
@@ -138,6 +139,18 @@ build_one kubectl "$k8s_mod" k8s.io/kubernetes/cmd/kubectl "$k8s_ldflags"
 build_one etcd "$k8s_mod" go.etcd.io/etcd/server/v3 "-s -w"
 build_one kwok "${tools_src}/kwok" sigs.k8s.io/kwok/cmd/kwok "-s -w"
 build_one helm "${tools_src}/helm" helm.sh/helm/v3/cmd/helm "-s -w"
+# promtool (`check rules`, `test rules` on the chart's alert rules) reports the version
+# upstream's release build stamps into prometheus/common/version; the Go module's
+# v0.MMM.P is Prometheus release (MMM / 100).(MMM % 100).P.
+prom_module="$(sed -n 's|^[[:space:]]*github.com/prometheus/prometheus \(v[^ ]*\).*$|\1|p' "${tools_src}/promtool/go.mod")"
+prom_mmm="${prom_module#v0.}"
+prom_mmm="${prom_mmm%%.*}"
+prom_release="$((10#${prom_mmm} / 100)).$((10#${prom_mmm} % 100)).${prom_module##*.}"
+prom_ldflags="-s -w"
+for var in "Version=${prom_release}" "Revision=${prom_module}" "Branch=HEAD" "BuildUser=sessionfleet" "BuildDate=19700101-00:00:00"; do
+  prom_ldflags+=" -X github.com/prometheus/common/version.${var}"
+done
+build_one promtool "${tools_src}/promtool" github.com/prometheus/prometheus/cmd/promtool "$prom_ldflags"
 copy_kwok_stages
 
 echo "e2e-tools: done in $((SECONDS - started_all)) s (${built} built, ${reused} cached): ${bin_dir}"

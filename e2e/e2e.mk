@@ -2,7 +2,7 @@
 # Included by the top-level Makefile, which defines VENV, PY and the `venv` target.
 #
 #   make e2e-tools     build etcd, kube-apiserver, -controller-manager, -scheduler,
-#                      kubectl, KWOK and helm into ~/.cache/sessionfleet (cached)
+#                      kubectl, KWOK, helm and promtool into ~/.cache/sessionfleet (cached)
 #   make cluster-up    start a cluster that stays up; prints `export KUBECONFIG=...`
 #   make cluster-down  stop it (logs stay in .e2e-state/logs)
 #   make test-repeat   run the e2e suite N times against one cluster (N=5)

@@ -7,6 +7,7 @@ these tests fail, they do not skip.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,8 @@ OPERATOR_NAMESPACED = {
     ("policy", "poddisruptionbudgets", "create"),
     ("policy", "poddisruptionbudgets", "delete"),
     ("", "events", "create"),
+    ("events.k8s.io", "events", "create"),
+    ("events.k8s.io", "events", "patch"),
     *(
         ("sessionfleet.dev", "workercheckpoints", verb)
         for verb in ("list", "watch", "create", "delete")
@@ -70,6 +73,8 @@ ALL_FEATURES: dict[str, Any] = {
     },
     "agent": {"enabled": True},
     "serviceMonitor": {"enabled": True},
+    "grafana": {"dashboard": {"enabled": True}},
+    "prometheusRule": {"enabled": True},
     "networkPolicy": {"enabled": True},
     "defaultDrainPolicy": {"enabled": True},
     "operator": {"watchNamespaces": ["team-a", "team-b"]},
@@ -728,6 +733,66 @@ def test_service_monitors_network_policies_and_default_drain_policy() -> None:
     assert drain["metadata"]["namespace"] == "sf"
     result = parse(DrainPolicy, drain)
     assert result.ok, result.message
+
+
+def test_grafana_dashboard_config_map_for_the_sidecar() -> None:
+    dashboard = (CHART / "dashboards" / "sessionfleet.json").read_text()
+    (config,) = by_kind(render("grafana.dashboard.enabled=true"), "ConfigMap").values()
+    assert config["metadata"]["name"] == "rel-sessionfleet-dashboard"
+    assert config["metadata"]["namespace"] == "sf"
+    assert config["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert "annotations" not in config["metadata"]
+    assert config["data"] == {"sessionfleet.json": dashboard.rstrip("\n")}
+    assert json.loads(config["data"]["sessionfleet.json"])["uid"] == "sessionfleet"
+
+    objects = render(
+        values={
+            "grafana": {
+                "dashboard": {
+                    "enabled": True,
+                    "namespace": "monitoring",
+                    "sidecarLabel": "grafana.example.com/dashboard",
+                    "sidecarLabelValue": "sessionfleet",
+                    "labels": {"team": "inference"},
+                    "annotations": {"grafana_folder": "Inference"},
+                }
+            }
+        }
+    )
+    (config,) = by_kind(objects, "ConfigMap").values()
+    assert config["metadata"]["namespace"] == "monitoring"
+    labels = config["metadata"]["labels"]
+    assert labels["grafana.example.com/dashboard"] == "sessionfleet"
+    assert "grafana_dashboard" not in labels
+    assert labels["team"] == "inference"
+    assert config["metadata"]["annotations"] == {"grafana_folder": "Inference"}
+
+
+def test_prometheus_rule_for_the_rule_selector() -> None:
+    objects = render(
+        values={
+            "prometheusRule": {
+                "enabled": True,
+                "namespace": "monitoring",
+                "labels": {"release": "kube-prometheus-stack"},
+            }
+        }
+    )
+    (rule,) = by_kind(objects, "PrometheusRule").values()
+    assert rule["apiVersion"] == "monitoring.coreos.com/v1"
+    assert rule["metadata"]["name"] == "rel-sessionfleet"
+    assert rule["metadata"]["namespace"] == "monitoring"
+    assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    alerts = [r["alert"] for g in rule["spec"]["groups"] for r in g["rules"]]
+    assert len(alerts) == 9 and all(a.startswith("Sessionfleet") for a in alerts)
+    operator_down = next(
+        r
+        for g in rule["spec"]["groups"]
+        for r in g["rules"]
+        if r["alert"] == "SessionfleetOperatorDown"
+    )
+    # The operator's job is its metrics Service's name; its namespace the release's.
+    assert 'up{job="rel-sessionfleet-operator-metrics", namespace="sf"}' in operator_down["expr"]
 
 
 def test_network_policy_peers_and_drain_policy_namespace_follow_values() -> None:

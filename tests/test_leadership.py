@@ -115,3 +115,30 @@ def test_the_lease_bodies_carry_holder_times_transitions_and_the_precondition() 
     assert released["spec"]["holderIdentity"] is None  # a merge patch deletes it
     assert released["spec"]["leaseDurationSeconds"] == 1
     assert released["metadata"] == {"resourceVersion": "41"}
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--lease-duration=10s", "--renew-deadline=10s"], "longer than the renew deadline"),
+        (["--renew-deadline=2s", "--retry-period=2s"], "1.2 times the retry period"),
+        ([], "--leader-election-namespace"),
+    ],
+)
+def test_the_operator_refuses_election_settings_that_are_unsafe_or_incomplete(
+    flags: list[str],
+    message: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from sessionfleet.cli import main
+    from sessionfleet.controllers import run
+
+    monkeypatch.delenv("POD_NAMESPACE", raising=False)
+    monkeypatch.setattr(run, "SERVICE_ACCOUNT_NAMESPACE", "/nonexistent/namespace")
+    if flags:
+        flags = [*flags, "--leader-election-namespace=ops"]
+    with pytest.raises(SystemExit) as exited:
+        main(["operator", "--leader-elect", *flags])
+    assert exited.value.code == 2
+    assert message in capsys.readouterr().err

@@ -22,6 +22,7 @@ BINARIES = (
     "kubectl",
     "kwok",
     "helm",
+    "promtool",
 )
 
 
@@ -72,6 +73,11 @@ class Tools:
         """The pinned helm."""
         return self.binary("helm")
 
+    @property
+    def promtool(self) -> Path:
+        """The pinned promtool (Prometheus's rule checker and rule unit-test runner)."""
+        return self.binary("promtool")
+
 
 def find_tools() -> Tools:
     """Locate the tools cache and check that every binary and the stages exist.
@@ -86,6 +92,6 @@ def find_tools() -> Tools:
     if missing:
         raise ToolsMissingError(
             f"e2e tools missing from {tools.root}: {', '.join(missing)}; "
-            "build them with `make e2e-tools` (a cold build takes about 12 minutes)"
+            "build them with `make e2e-tools` (a cold build takes about 15-20 minutes)"
         )
     return tools

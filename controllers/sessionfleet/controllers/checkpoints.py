@@ -31,6 +31,7 @@ from sessionfleet.checkpoint import (
     DriverUnavailable,
 )
 from sessionfleet.controllers import metrics
+from sessionfleet.controllers.events import checkpoint_ref
 from sessionfleet.controllers.fleet import Fleet
 from sessionfleet.controllers.records import WorkerRecord
 from sessionfleet.kube import CHECKPOINTS, Conflict, KubeError, NotFound
@@ -43,6 +44,7 @@ from sessionfleet.policy.checkpoint import (
     periodic_due,
     retention_victims,
 )
+from sessionfleet.policy.events import EventType, Notice
 from sessionfleet.resources.checkpoints import build_checkpoint
 from sessionfleet.resources.status import (
     checkpoint_failed_status,
@@ -90,6 +92,16 @@ async def _patch(fleet: Fleet, checkpoint: CheckpointState, status: dict[str, An
     )
     metrics.API_WRITES.labels("patch", "workercheckpoints/status").inc()
     fleet.freshness.mark((checkpoint.namespace, f"checkpoint/{checkpoint.name}"), body)
+    if status.get("phase") == CheckpointPhase.FAILED.value:
+        fleet.notify(
+            checkpoint_ref(checkpoint),
+            Notice(
+                EventType.WARNING,
+                "CheckpointFailed",
+                "Checkpoint",
+                f"checkpoint of worker {checkpoint.worker} failed: {status.get('error')}",
+            ),
+        )
 
 
 async def save(
@@ -165,6 +177,17 @@ async def save(
         ),
     )
     metrics.CHECKPOINTS.labels(checkpoint.reason.value).inc()
+    fleet.notify(
+        checkpoint_ref(checkpoint),
+        Notice(
+            EventType.NORMAL,
+            "CheckpointTaken",
+            "Checkpoint",
+            f"worker {checkpoint.worker} saved to {outcome.location} in {outcome.seconds:.1f} s: "
+            f"{outcome.size_bytes} bytes, {len(outcome.sessions)} session(s), "
+            f"{outcome.total_tokens} tokens",
+        ),
+    )
     return outcome
 
 

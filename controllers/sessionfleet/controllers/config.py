@@ -41,6 +41,8 @@ class OperatorConfig:
     """The longest a checkpoint runs; a Running one left by a restart fails after it."""
     ack_timeout: timedelta = DEFAULT_ACK_TIMEOUT
     """The longest a migration waits for router acknowledgements before moving anyway."""
+    event_series_seconds: float = 30.0
+    """The least time between two updates of one Event's count of repeats (its series)."""
     metrics_port: int = 8080
     health_port: int = 8081
     images: EngineImages = field(default_factory=EngineImages)

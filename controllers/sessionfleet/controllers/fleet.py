@@ -30,16 +30,25 @@ from sessionfleet.controllers.records import Key, PolicyRecord, WorkerRecord, re
 from sessionfleet.kube import Kube
 from sessionfleet.leader import Leadership, Solo
 from sessionfleet.policy.checkpoint import CheckpointState
+from sessionfleet.policy.events import Notice
 from sessionfleet.policy.handshake import RouterLease
 from sessionfleet.policy.observed import NodeState, PodState
 from sessionfleet.policy.placement import WorkerLoad
 from sessionfleet.policy.recovery import NodeRecoveryGate
 from sessionfleet.policy.sessions import SessionState
+from sessionfleet.resources.events import ObjectRef
 
 log = logging.getLogger(__name__)
 
 UNPARSED = "the spec could not be parsed"
 """The problem reported for a DrainPolicy whose parse gave no message."""
+
+
+class Recorder(Protocol):
+    """What the fleet needs of the Event recorder (:mod:`.events`)."""
+
+    def record(self, regarding: ObjectRef, notice: Notice) -> None:
+        """Note one decision; never blocks, never raises."""
 
 
 class Store(Protocol):
@@ -160,6 +169,8 @@ class Fleet:
     or Periodic (the API server cannot tell who created an object)."""
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
     writes: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(16))
+    events: Recorder | None = None
+    """Where decisions become Kubernetes Events (none: not recorded, as in unit tests)."""
     leadership: Leadership = field(default_factory=Solo)
     """Whether this replica may write; ``kube`` refuses writes while it may not."""
     loop_pass_at: float | None = None
@@ -180,6 +191,11 @@ class Fleet:
         self.wakeup.set()
         if not task.cancelled() and (error := task.exception()) is not None:
             log.error("%s failed", task.get_name(), exc_info=error)
+
+    def notify(self, regarding: ObjectRef, notice: Notice) -> None:
+        """Record a decision as an Event about ``regarding`` (coalesced, in the background)."""
+        if self.events is not None:
+            self.events.record(regarding, notice)
 
     def forget_deleted(self) -> None:
         """Drop the deleted sessions the index no longer shows (or shows created anew)."""

@@ -162,6 +162,7 @@ async def run(fleet: Fleet) -> None:
         except Exception:  # the loop must outlive any one bad step
             log.exception("fleet loop iteration failed")
         fleet.loop_pass_at = time.monotonic()
+        metrics.LAST_PASS.set(time.time())
         try:
             await asyncio.wait_for(fleet.wakeup.wait(), timeout=fleet.config.resync_seconds)
         except TimeoutError:

@@ -40,3 +40,21 @@ CHECKPOINTS = Counter(
     "sessionfleet_checkpoints_total", "Checkpoints written, by reason.", ["reason"]
 )
 RESTORES = Counter("sessionfleet_restores_total", "New epochs started from a checkpoint.")
+LEADER = Gauge(
+    "sessionfleet_operator_leader",
+    "1 while this replica holds the leader-election Lease (and may write), else 0.",
+)
+LAST_PASS = Gauge(
+    "sessionfleet_operator_last_pass_timestamp_seconds",
+    "Unix time the fleet loop last finished a pass (the leader's only).",
+)
+EVENTS_WRITTEN = Counter(
+    "sessionfleet_events_written_total",
+    "Kubernetes Events written: new ones (create) and repeats folded into one (series).",
+    ["kind"],
+)
+EVENTS_DROPPED = Counter(
+    "sessionfleet_events_dropped_total",
+    "Kubernetes Events not written (queue_full: a burst beyond the queue; api_error).",
+    ["reason"],
+)

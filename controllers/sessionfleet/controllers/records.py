@@ -52,6 +52,7 @@ class WorkerRecord:
     worker: InferenceWorker | None
     invalid: str | None = None
     raw_status: Mapping[str, Any] = field(default_factory=dict)
+    uid: str = ""
 
     @property
     def key(self) -> Key:
@@ -75,6 +76,7 @@ def worker_record(body: Mapping[str, Any]) -> WorkerRecord:
         worker=parsed.obj,
         invalid=None if parsed.ok else parsed.message,
         raw_status=dict(body.get("status") or {}),
+        uid=str(meta.get("uid", "")),
     )
 
 
@@ -92,6 +94,7 @@ def session_record(body: Mapping[str, Any]) -> SessionState:
             str(spec.get("model", "")),
             invalid=parsed.message,
             resource_version=resource_version(body),
+            uid=str(meta.get("uid", "")),
         )
     session = parsed.obj
     spec, status = session.spec, session.status
@@ -121,6 +124,7 @@ def session_record(body: Mapping[str, Any]) -> SessionState:
         migrating_since=status.migrating_since,
         acks=tuple(sorted(acks_of(session.metadata.annotations).items())),
         resource_version=resource_version(body),
+        uid=str(meta.get("uid", "")),
     )
 
 
@@ -187,6 +191,7 @@ def checkpoint_record(body: Mapping[str, Any]) -> CheckpointState | None:
         driver=spec.driver,
         destination=spec.destination,
         resource_version=resource_version(body),
+        uid=str(meta.get("uid", "")),
         refused=any(
             c.type is ConditionType.VALID and c.status is ConditionStatus.FALSE
             for c in status.conditions

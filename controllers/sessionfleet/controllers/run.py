@@ -101,6 +101,13 @@ def add_parser(commands: Any) -> None:
         "Running one left by a restarted operator waits (default 15m)",
     )
     parser.add_argument(
+        "--event-series-interval",
+        type=float,
+        default=DEFAULTS.event_series_seconds,
+        help="seconds between two updates of a repeated Event's count (its series; "
+        f"default {DEFAULTS.event_series_seconds:g})",
+    )
+    parser.add_argument(
         "--agent-token-file",
         help="the node agents' shared secret; enables the criu checkpoint driver",
     )
@@ -199,6 +206,7 @@ def _run(args: argparse.Namespace) -> int:
         scrape_interval_seconds=args.scrape_interval,
         ack_timeout=args.ack_timeout,
         checkpoint_timeout=args.checkpoint_timeout,
+        event_series_seconds=args.event_series_interval,
         metrics_port=args.metrics_port,
         health_port=args.health_port,
         images=EngineImages(vllm=args.vllm_image, sim=args.sim_image),
@@ -242,11 +250,13 @@ async def run_operator(
     from sessionfleet.checkpoint.criu import CriuDriver, node_address_locator
     from sessionfleet.checkpoint.engine import EngineDriver
     from sessionfleet.checkpoint.kubelet import KubeletDriver
-    from sessionfleet.controllers import handlers  # noqa: F401 - registers the handlers
+    from sessionfleet.controllers import handlers, metrics  # noqa: F401 - registers the handlers
+    from sessionfleet.controllers.events import EventRecorder
     from sessionfleet.controllers.fleet import Fleet
     from sessionfleet.controllers.health import serve_health
     from sessionfleet.kube import Kube, KubeConfig
     from sessionfleet.leader import LeaderElector, Leadership, Solo
+    from sessionfleet.policy.events import Coalescer
 
     kube_config = KubeConfig.load(config.kubeconfig)
     leadership: Leadership = Solo()
@@ -279,7 +289,18 @@ async def run_operator(
         token = Path(agent_token_file).read_text().strip()
         locate = node_address_locator(kube, agent_port)
         drivers[CheckpointDriver.CRIU] = CriuDriver(http, kube, locate=locate, token=token)
-    fleet = Fleet(config=config, kube=kube, http=http, drivers=drivers, leadership=leadership)
+    events = EventRecorder(
+        kube, leadership.identity, coalescer=Coalescer(flush_every=config.event_series_seconds)
+    )
+    fleet = Fleet(
+        config=config,
+        kube=kube,
+        http=http,
+        drivers=drivers,
+        leadership=leadership,
+        events=events,
+    )
+    metrics.LEADER.set_function(lambda: 1.0 if leadership.leading else 0.0)
     start_http_server(config.metrics_port)
     supervisor = Supervisor(logging.getLogger("sessionfleet.operator"))
     stop = asyncio.Event()
@@ -287,6 +308,7 @@ async def run_operator(
     health = await serve_health(fleet, supervisor, config.health_port)
     if isinstance(leadership, LeaderElector):
         supervisor.start("leader election", leadership.run())
+    supervisor.start("event recorder", events.run())
     try:
         await kopf.operator(
             clusterwide=not config.namespaces,

@@ -21,9 +21,11 @@ from sessionfleet.api import (
 )
 from sessionfleet.checkpoint import CheckpointOutcome, DriverError
 from sessionfleet.controllers import checkpoints, metrics
+from sessionfleet.controllers.events import session_ref, worker_ref
 from sessionfleet.controllers.fleet import Fleet
 from sessionfleet.controllers.records import WorkerRecord
 from sessionfleet.kube import SESSIONS, Conflict, KubeError, NotFound
+from sessionfleet.policy.events import EventType, Notice
 from sessionfleet.policy.migration import MigrationAction, plan_migration
 from sessionfleet.policy.placement import PlacementRequest, place
 from sessionfleet.policy.sessions import (
@@ -131,7 +133,17 @@ async def _act(
             now,
             binding=(brief.epoch, brief.pod) if brief is not None else None,
         )
-        await _patch_status(fleet, session, status)
+        written = await _patch_status(fleet, session, status)
+        if written and brief is not None and session.phase is SessionPhase.RESTORING:
+            fleet.notify(
+                session_ref(session),
+                Notice(
+                    EventType.NORMAL,
+                    "SessionRebound",
+                    "Bind",
+                    f"bound again to worker {brief.name}, epoch {brief.epoch}, after its recovery",
+                ),
+            )
 
 
 async def bind(fleet: Fleet, session: SessionState, now: datetime) -> None:
@@ -178,6 +190,19 @@ async def bind(fleet: Fleet, session: SessionState, now: datetime) -> None:
     if not bound:
         fleet.ledger.settle(session.key)
         return
+    if record is not None:
+        # On the worker, not the session: a burst of binds is one Event per worker,
+        # its series counting them (sessionfleet.policy.events).
+        fleet.notify(
+            worker_ref(record),
+            Notice(
+                EventType.NORMAL,
+                "SessionsBound",
+                "Bind",
+                f"session {session.session_id} bound: {placement.message}; the binds that "
+                "follow are counted in this Event's series",
+            ),
+        )
     if session.created_at is not None:
         metrics.BIND_LATENCY.observe(max((now - session.created_at).total_seconds(), 0.0))
 
@@ -263,7 +288,11 @@ async def _move(
 
 async def _mark_migrating(fleet: Fleet, session: SessionState, message: str, now: datetime) -> None:
     """Start the turn-boundary handshake: routers hold the session's next turn and ack."""
-    await _patch_status(fleet, session, session_migrating_status(message, now))
+    if await _patch_status(fleet, session, session_migrating_status(message, now)):
+        fleet.notify(
+            session_ref(session),
+            Notice(EventType.NORMAL, "MigrationStarted", "Migrate", message),
+        )
 
 
 async def _save_for_migration(
@@ -345,5 +374,14 @@ async def _rebind(
     )
     if moved:
         metrics.MIGRATIONS.labels(MigrationReason.DRAIN.value).inc()
+        fleet.notify(
+            session_ref(session),
+            Notice(
+                EventType.NORMAL,
+                "MigrationCompleted",
+                "Migrate",
+                f"moved from worker {source} to {target} {how}",
+            ),
+        )
     else:
         fleet.ledger.settle(session.key)

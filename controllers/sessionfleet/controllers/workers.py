@@ -29,6 +29,7 @@ from sessionfleet.controllers import metrics
 from sessionfleet.controllers.checkpoints import create as create_checkpoint
 from sessionfleet.controllers.checkpoints import reconcile_checkpoints, worker_driver_of
 from sessionfleet.controllers.checkpoints import start as start_checkpoint
+from sessionfleet.controllers.events import worker_ref
 from sessionfleet.controllers.faults import reconciled_condition
 from sessionfleet.controllers.fleet import EngineStats, Fleet
 from sessionfleet.controllers.records import Key, WorkerRecord
@@ -37,6 +38,7 @@ from sessionfleet.controllers.status import status_patch
 from sessionfleet.kube import PDBS, PODS, WORKERS, Conflict, KubeError, NotFound
 from sessionfleet.policy.checkpoint import latest_usable
 from sessionfleet.policy.drain import PinnedSession, resolve_policy
+from sessionfleet.policy.events import EventType, Notice, merged, worker_notices
 from sessionfleet.policy.worker import ConditionPlan, WorkerObservation, WorkerPlan, plan_worker
 from sessionfleet.resources.pods import build_pdb, build_pod, hold_annotations
 from sessionfleet.resources.status import (
@@ -185,8 +187,13 @@ def worth_writing(fleet: Fleet, record: WorkerRecord, patch: dict[str, Any]) -> 
     return last is None or time.monotonic() - last >= fleet.config.status_coalesce_seconds
 
 
-async def write_status(fleet: Fleet, record: WorkerRecord, patch: dict[str, Any]) -> None:
+async def write_status(
+    fleet: Fleet, record: WorkerRecord, patch: dict[str, Any], recovery: Reason | None = None
+) -> None:
     """Patch the worker's status subresource and remember the version it produced.
+
+    The decisions the write records (a drain started or completed, a new epoch and
+    ``recovery``, why) become Events on the worker.
 
     The patch applies only to the version it was decided from: a write from a stale
     copy (another replica that believed it led wrote since) fails with Conflict, which
@@ -203,6 +210,10 @@ async def write_status(fleet: Fleet, record: WorkerRecord, patch: dict[str, Any]
     metrics.API_WRITES.labels("patch", "inferenceworkers/status").inc()
     fleet.freshness.mark(record.key, body)
     fleet.status_written_at[record.key] = time.monotonic()
+    pinned = sum(1 for s in fleet.sessions_of(record.key) if s.pinned)
+    new = merged(record.raw_status, patch)
+    for notice in worker_notices(record.raw_status, new, pinned, recovery):
+        fleet.notify(worker_ref(record), notice)
 
 
 async def reconcile_invalid(fleet: Fleet, record: WorkerRecord, now: datetime) -> None:
@@ -241,7 +252,7 @@ async def reconcile_worker(fleet: Fleet, record: WorkerRecord, now: datetime) ->
     # in between never mistakes our own deletion for a failure.
     epoch_changed = plan.epoch != (record.status.epoch or 0)
     if patch and (epoch_changed or plan.phase is WorkerPhase.DRAINED):
-        await write_status(fleet, record, patch)
+        await write_status(fleet, record, patch, plan.recovery if epoch_changed else None)
         patch = {}
         if plan.recovery is not None and epoch_changed:
             metrics.RECOVERIES.labels(plan.recovery.value).inc()
@@ -321,6 +332,15 @@ async def _create_pod(
         if restore_args and usable is not None:
             metrics.RESTORES.inc()
             log.info("worker %s: epoch %d restores %s", record.key, epoch, usable.name)
+            fleet.notify(
+                worker_ref(record),
+                Notice(
+                    EventType.NORMAL,
+                    "CheckpointRestored",
+                    "Restore",
+                    f"epoch {epoch} starts from checkpoint {usable.name}",
+                ),
+            )
     except Conflict:
         pass  # created by an earlier attempt: the name is deterministic
 

@@ -16,6 +16,7 @@ from sessionfleet.kube.errors import (
 from sessionfleet.kube.reflector import Event, reflect
 from sessionfleet.kube.resources import (
     CHECKPOINTS,
+    CORE_EVENTS,
     DRAIN_POLICIES,
     EVENTS,
     LEASES,
@@ -29,6 +30,7 @@ from sessionfleet.kube.resources import (
 
 __all__ = [
     "CHECKPOINTS",
+    "CORE_EVENTS",
     "DRAIN_POLICIES",
     "EVENTS",
     "LEASES",

@@ -221,6 +221,7 @@ class Kube:
         resource_version: str = "",
         timeout_seconds: int = 300,
         label_selector: str | None = None,
+        field_selector: str | None = None,
     ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
         """Yield ``(type, object)`` events until the server ends the watch.
 
@@ -236,6 +237,8 @@ class Kube:
             params["resourceVersion"] = resource_version
         if label_selector:
             params["labelSelector"] = label_selector
+        if field_selector:
+            params["fieldSelector"] = field_selector
         timeout = httpx.Timeout(timeout_seconds + 30, connect=10.0)
         try:
             async with self._http.stream(

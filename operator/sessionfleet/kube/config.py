@@ -6,6 +6,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
@@ -21,6 +22,8 @@ class KubeConfig:
     key_file: str | None = None
     ca_file: str | None = None
     verify: bool = True
+    namespace: str | None = None
+    """The default namespace: the kubeconfig context's, or the pod's in a cluster."""
     _token_read_at: float = field(default=0.0, repr=False)
 
     # Kubelet rotates projected tokens well before expiry; re-reading each minute
@@ -43,15 +46,22 @@ class KubeConfig:
         port = os.environ.get("KUBERNETES_SERVICE_PORT", "443")
         if ":" in host:
             host = f"[{host}]"
+        namespace_file = SERVICE_ACCOUNT_DIR / "namespace"
+        namespace = namespace_file.read_text().strip() if namespace_file.exists() else None
         return cls(
             server=f"https://{host}:{port}",
             token_file=SERVICE_ACCOUNT_DIR / "token",
             ca_file=str(SERVICE_ACCOUNT_DIR / "ca.crt"),
+            namespace=namespace or None,
         )
 
     @classmethod
     def from_kubeconfig(cls, path: str | None = None, context: str | None = None) -> KubeConfig:
-        """Return settings from a kubeconfig file (``$KUBECONFIG`` or ``~/.kube/config``)."""
+        """Return settings from a kubeconfig file (``$KUBECONFIG`` or ``~/.kube/config``).
+
+        ``context`` names the context to use; unset, the file's current context. Its
+        namespace, when it sets one, becomes :attr:`namespace`.
+        """
         # The kubernetes package resolves contexts, exec plugins and embedded
         # certificates (written to temporary files); only its result is used here.
         from kubernetes import client, config
@@ -71,15 +81,29 @@ class KubeConfig:
             key_file=settings.key_file,
             ca_file=settings.ssl_ca_cert,
             verify=bool(settings.verify_ssl),
+            namespace=_context_namespace(config, path, context),
         )
 
     @classmethod
-    def load(cls, path: str | None = None) -> KubeConfig:
-        """In-cluster settings inside a pod unless a kubeconfig is named or present."""
+    def load(cls, path: str | None = None, context: str | None = None) -> KubeConfig:
+        """In-cluster settings inside a pod unless a kubeconfig or a context is named or present."""
         if (
             path is None
+            and context is None
             and "KUBERNETES_SERVICE_HOST" in os.environ
             and not os.environ.get("KUBECONFIG")
         ):
             return cls.in_cluster()
-        return cls.from_kubeconfig(path)
+        return cls.from_kubeconfig(path, context)
+
+
+def _context_namespace(config: Any, path: str | None, context: str | None) -> str | None:
+    """Return the namespace the kubeconfig's context (``context``, else the current) sets."""
+    contexts, current = config.list_kube_config_contexts(config_file=path)
+    chosen = (
+        current
+        if context is None
+        else next((c for c in contexts or [] if c.get("name") == context), None)
+    )
+    namespace = ((chosen or {}).get("context") or {}).get("namespace")
+    return str(namespace) if namespace else None

@@ -28,6 +28,8 @@ class Resource:
 PODS = Resource("", "v1", "pods")
 NODES = Resource("", "v1", "nodes", namespaced=False)
 EVENTS = Resource("events.k8s.io", "v1", "events")
+CORE_EVENTS = Resource("", "v1", "events")
+"""The same events in their older core/v1 shape (``involvedObject``, ``message``)."""
 LEASES = Resource("coordination.k8s.io", "v1", "leases")
 PDBS = Resource("policy", "v1", "poddisruptionbudgets")
 

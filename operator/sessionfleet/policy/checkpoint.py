@@ -34,6 +34,7 @@ class CheckpointState:
     driver: CheckpointDriver | None = None
     destination: str | None = None
     resource_version: int = 0
+    uid: str = ""
     refused: bool = False
     """The operator refused to run it (``Valid=False``): a user's own, left to the user."""
 

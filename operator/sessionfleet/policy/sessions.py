@@ -48,6 +48,8 @@ class SessionState:
     """Router acknowledgements of the current migration: (replica, migratingSince)."""
     invalid: str | None = None
     resource_version: int = 0
+    uid: str = ""
+    """The object's uid: Events about it name it, so ``kubectl describe`` finds them."""
 
     @property
     def key(self) -> tuple[str, str]:

@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from sessionfleet.policy.rates import TokenBucket
+
 logger = logging.getLogger("sessionfleet.router")
 
 MAX_KEY_BYTES: Final = 4096
@@ -105,36 +107,6 @@ class ApiKeys:
         if client is None:
             raise AuthError("the API key is not valid")
         return client
-
-
-@dataclass(slots=True)
-class TokenBucket:
-    """``rate`` tokens a second, at most ``burst`` saved up."""
-
-    rate: float
-    burst: float
-    tokens: float
-    updated: float
-
-    @classmethod
-    def full(cls, rate: float, burst: float, now: float) -> TokenBucket:
-        """Return a bucket that starts with its whole burst."""
-        return cls(rate, burst, burst, now)
-
-    def refill(self, now: float) -> None:
-        """Add the tokens earned since the last look."""
-        if now > self.updated:
-            self.tokens = min(self.burst, self.tokens + (now - self.updated) * self.rate)
-            self.updated = now
-
-    def wait(self, now: float) -> float:
-        """Seconds until one token is there (0 when one is there now)."""
-        self.refill(now)
-        return 0.0 if self.tokens >= 1 else (1 - self.tokens) / self.rate
-
-    def take(self) -> None:
-        """Spend one token; call after :meth:`wait` answered 0."""
-        self.tokens -= 1
 
 
 @dataclass(frozen=True, slots=True)
