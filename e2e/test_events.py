@@ -6,6 +6,7 @@ started, held and completed, a checkpoint taken, a missing policy warned about.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ from e2e.operator import (
 
 pytestmark = pytest.mark.timeout(180)
 
-SESSIONS = 20
+SESSIONS = 500
 
 
 @pytest.fixture
@@ -58,14 +59,19 @@ def test_binds_coalesce_into_one_event_and_a_drain_tells_its_story(
     kubectl: Kubectl,
 ) -> None:
     crs.create(drain_policy("wait", mode="Wait", deadline="10m"))
-    crs.create(sim_worker("w", capacity={"maxSessions": 64}))
+    crs.create(sim_worker("w", capacity={"maxSessions": 1000}))
     ready_workers(crs, 1, fast_series)
-    for i in range(SESSIONS):
-        crs.create(session(f"s{i}"))
+    # A burst: one request creates them all.
+    burst = {
+        "apiVersion": "v1",
+        "kind": "List",
+        "items": [session(f"s{i}") for i in range(SESSIONS)],
+    }
+    kubectl("create", f"--namespace={namespace}", "-f", "-", input=json.dumps(burst))
     wait_for(
         fast_series,
         crs.all_in_phase("agentsessions", "Bound", SESSIONS),
-        timeout=60,
+        timeout=120,
         what="sessions bound",
     )
 
@@ -94,8 +100,12 @@ def test_binds_coalesce_into_one_event_and_a_drain_tells_its_story(
     )
     held = by_reason(events_about(api, namespace, "w"))["DrainHeld"][0]
     assert held.note.startswith(f"{SESSIONS} session(s) pinned"), held.note
-    for i in range(SESSIONS):
-        crs.patch("agentsessions", f"s{i}", {"spec": {"finished": True}})
+    finish = {
+        "apiVersion": "v1",
+        "kind": "List",
+        "items": [session(f"s{i}", finished=True) for i in range(SESSIONS)],
+    }
+    kubectl("apply", f"--namespace={namespace}", "-f", "-", input=json.dumps(finish))
     wait_for(
         fast_series,
         lambda: "DrainCompleted" in by_reason(events_about(api, namespace, "w")),
@@ -103,6 +113,9 @@ def test_binds_coalesce_into_one_event_and_a_drain_tells_its_story(
         what="DrainCompleted",
     )
 
+    # 500 binds and a drain: a bounded number of Events about the worker, not 500.
+    reasons = [e.reason for e in events_about(api, namespace, "w")]
+    assert len(reasons) == len(set(reasons)) <= 6, reasons
     # kubectl describe finds them: they name the worker by its uid.
     described = kubectl("describe", "inferenceworker", "w", f"--namespace={namespace}").stdout
     for reason in ("SessionsBound", "DrainStarted", "DrainHeld", "DrainCompleted"):
@@ -150,3 +163,20 @@ def test_a_missing_policy_is_a_warning_and_a_checkpoint_is_an_event_on_it(
     assert "worker w saved to" in taken.note
     described = kubectl("describe", "workercheckpoint", "by-hand", f"--namespace={namespace}")
     assert "CheckpointTaken" in described.stdout
+
+
+def test_a_recovery_is_an_epoch_replaced_with_its_reason(
+    operator: OperatorProcess, crs: Custom, core: Any, api: Any, namespace: str
+) -> None:
+    crs.create(sim_worker("w"))
+    ready_workers(crs, 1, operator)
+    core.delete_namespaced_pod("w-1", namespace, grace_period_seconds=0)
+    replaced = wait_for(
+        operator,
+        lambda: by_reason(events_about(api, namespace, "w")).get("EpochReplaced"),
+        timeout=60,
+        what="an EpochReplaced Event",
+    )[0]
+    assert replaced.note == "epoch 2 replaces epoch 1: PodDeleted", replaced.note
+    assert replaced.regarding.kind == "InferenceWorker"
+    ready_workers(crs, 1, operator)

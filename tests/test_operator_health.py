@@ -93,3 +93,15 @@ def test_a_leader_whose_loop_stalls_fails_liveness_only_past_the_stall_bound() -
     # A standby's loop does not run: its last pass says nothing about it.
     fleet.leadership = Role(leading=False)  # type: ignore[assignment]
     assert assess(fleet, Supervisor(), 1000.0 + bound + 1).live
+
+
+def test_gauges_of_workers_gone_or_no_longer_draining_are_pruned() -> None:
+    from sessionfleet.controllers import metrics
+    from sessionfleet.controllers.loop import _prune
+
+    metrics.DRAIN_HELD.labels("ns", "kept").set(5)
+    metrics.DRAIN_HELD.labels("ns", "gone").set(7)
+    _prune(metrics.DRAIN_HELD, {("ns", "kept")})
+    left = {s.labels["worker"] for f in metrics.DRAIN_HELD.collect() for s in f.samples}
+    assert left == {"kept"}
+    _prune(metrics.DRAIN_HELD, set())

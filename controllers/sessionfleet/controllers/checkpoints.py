@@ -93,6 +93,8 @@ async def _patch(fleet: Fleet, checkpoint: CheckpointState, status: dict[str, An
     metrics.API_WRITES.labels("patch", "workercheckpoints/status").inc()
     fleet.freshness.mark((checkpoint.namespace, f"checkpoint/{checkpoint.name}"), body)
     if status.get("phase") == CheckpointPhase.FAILED.value:
+        reasons = [c.get("reason") for c in status.get("conditions") or () if c.get("reason")]
+        metrics.CHECKPOINT_FAILURES.labels(reasons[0] if reasons else "Unknown").inc()
         fleet.notify(
             checkpoint_ref(checkpoint),
             Notice(
@@ -177,6 +179,8 @@ async def save(
         ),
     )
     metrics.CHECKPOINTS.labels(checkpoint.reason.value).inc()
+    metrics.CHECKPOINT_DURATION.labels(kind.value).observe(outcome.seconds)
+    metrics.CHECKPOINT_SIZE.labels(kind.value).observe(outcome.size_bytes)
     fleet.notify(
         checkpoint_ref(checkpoint),
         Notice(

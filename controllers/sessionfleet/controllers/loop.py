@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 import httpx
+from prometheus_client import Gauge
 from prometheus_client.parser import text_string_to_metric_families
 
 from sessionfleet.api import ConditionType, Reason, SessionPhase, WorkerPhase
@@ -138,12 +139,28 @@ def _export_gauges(fleet: Fleet) -> None:
         name = phase if isinstance(phase, str) else phase.value
         metrics.SESSIONS.labels(name).set(phases.get(name, 0))
     metrics.RECOMPUTED_TOKENS.set(sum(s.recomputed_tokens for s in sessions if s.pinned))
-    draining = 0
-    for record in fleet.all_workers():
+    draining: set[tuple[str, str]] = set()
+    workers = fleet.all_workers()
+    for record in workers:
         pinned = sum(1 for s in fleet.sessions_of(record.key) if s.pinned)
         metrics.PINNED.labels(record.namespace, record.name).set(pinned)
-        draining += record.status.phase is WorkerPhase.DRAINING
-    metrics.DRAINS.set(draining)
+        if record.status.phase is WorkerPhase.DRAINING:
+            draining.add(record.key)
+    metrics.DRAINS.set(len(draining))
+    # A worker deleted (or no longer draining, or invalid) leaves no series behind: a
+    # frozen drain gauge would keep its alert firing.
+    _prune(metrics.PINNED, {r.key for r in workers})
+    _prune(metrics.DRAIN_HELD, draining)
+    _prune(metrics.DRAIN_DEADLINE, draining)
+
+
+def _prune(gauge: Gauge, keep: set[tuple[str, str]]) -> None:
+    """Remove the gauge's (namespace, worker) series that are not in ``keep``."""
+    for family in gauge.collect():
+        for sample in family.samples:
+            labels = (sample.labels["namespace"], sample.labels["worker"])
+            if labels not in keep:
+                gauge.remove(*labels)
 
 
 async def run(fleet: Fleet) -> None:

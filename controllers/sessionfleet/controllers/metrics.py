@@ -58,3 +58,36 @@ EVENTS_DROPPED = Counter(
     "Kubernetes Events not written (queue_full: a burst beyond the queue; api_error).",
     ["reason"],
 )
+DRAIN_HELD = Gauge(
+    "sessionfleet_drain_held_seconds",
+    "Seconds a draining worker has been draining (since status.drainStartedAt).",
+    ["namespace", "worker"],
+)
+DRAIN_DEADLINE = Gauge(
+    "sessionfleet_drain_deadline_seconds",
+    "The deadline of a draining worker's DrainPolicy, in seconds (compare with held).",
+    ["namespace", "worker"],
+)
+RECOVERY_DURATION = Histogram(
+    "sessionfleet_recovery_duration_seconds",
+    "From a new epoch's start (status.lastRecoveryAt) to the worker Ready again; for an "
+    "epoch that restores a checkpoint (sessionfleet_restores_total), the restore time.",
+    buckets=(1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600),
+)
+CHECKPOINT_DURATION = Histogram(
+    "sessionfleet_checkpoint_duration_seconds",
+    "How long a checkpoint that was written took, as its driver reports it.",
+    ["driver"],
+    buckets=(0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900),
+)
+CHECKPOINT_SIZE = Histogram(
+    "sessionfleet_checkpoint_size_bytes",
+    "The size of each checkpoint written.",
+    ["driver"],
+    buckets=(1e3, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11),
+)
+CHECKPOINT_FAILURES = Counter(
+    "sessionfleet_checkpoint_failures_total",
+    "Checkpoints marked Failed, by the condition's reason.",
+    ["reason"],
+)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from sessionfleet.api import (
@@ -24,6 +24,7 @@ from sessionfleet.api import (
     InferenceWorkerStatus,
     Reason,
     WorkerPhase,
+    parse_duration,
 )
 from sessionfleet.controllers import metrics
 from sessionfleet.controllers.checkpoints import create as create_checkpoint
@@ -212,6 +213,14 @@ async def write_status(
     fleet.status_written_at[record.key] = time.monotonic()
     pinned = sum(1 for s in fleet.sessions_of(record.key) if s.pinned)
     new = merged(record.raw_status, patch)
+    recovered_from = record.status.last_recovery_at
+    became_ready = (
+        record.status.phase is WorkerPhase.RECOVERING
+        and patch.get("phase") == WorkerPhase.READY.value
+    )
+    if became_ready and recovered_from is not None:
+        elapsed = (datetime.now(UTC) - recovered_from).total_seconds()
+        metrics.RECOVERY_DURATION.observe(max(elapsed, 0.0))
     for notice in worker_notices(record.raw_status, new, pinned, recovery):
         fleet.notify(worker_ref(record), notice)
 
@@ -243,6 +252,7 @@ async def reconcile_worker(fleet: Fleet, record: WorkerRecord, now: datetime) ->
         block = fleet.node_gate.take()
         if block is not None:
             plan = plan_worker(dataclasses.replace(observation, recovery_block=block))
+    _export_drain(record, plan, observation.policy.spec.deadline, now)
     desired = desired_status(fleet, record, worker, plan, now)
     patch = status_patch(record.raw_status, desired)
     if not worth_writing(fleet, record, patch):
@@ -275,6 +285,21 @@ async def reconcile_worker(fleet: Fleet, record: WorkerRecord, now: datetime) ->
     if patch:
         await write_status(fleet, record, patch)
     await reconcile_checkpoints(fleet, record, worker, now)
+
+
+def _export_drain(record: WorkerRecord, plan: WorkerPlan, deadline: str, now: datetime) -> None:
+    """Time held and deadline of a draining worker, for the dashboard and the alert."""
+    started = record.status.drain_started_at
+    labels = (record.namespace, record.name)
+    if plan.phase is WorkerPhase.DRAINING and started is not None:
+        metrics.DRAIN_HELD.labels(*labels).set(max((now - started).total_seconds(), 0.0))
+        metrics.DRAIN_DEADLINE.labels(*labels).set(parse_duration(deadline).total_seconds())
+    else:
+        for gauge in (metrics.DRAIN_HELD, metrics.DRAIN_DEADLINE):
+            try:
+                gauge.remove(*labels)
+            except KeyError:
+                pass
 
 
 async def _move_worker(
