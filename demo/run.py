@@ -602,22 +602,37 @@ class Demo:
 
     def suggestions(self) -> str:
         """Return what to try while the demo's cluster is up."""
-        d = self.state.data
-        return "\n".join(
-            [
-                "",
-                "The cluster stays up. Try:",
-                f"  export KUBECONFIG={d['kubeconfig']}",
-                f"  kubectl -n {NAMESPACE} get sessionfleet",
-                f"  kubectl -n {NAMESPACE} describe inferenceworker w-1",
-                f"  curl -s {d['router']}/v1/chat/completions -H 'X-Session-Id: try-1' "
-                f'-d \'{{"model": "{MODEL}", "messages": [{{"role": "user", "content": "hi"}}]}}\'',
-                f"  curl -s {d['router']}/metrics | grep sessionfleet_router",
-                f"  curl -s {d['operator_metrics']} | grep sessionfleet_",
-                f"  curl -s {d['agent_metrics']}",
-                "  make demo-down    # stops the cluster and every process the demo started",
-            ]
-        )
+        return suggestions(self.state.data, [SESSIONFLEET.parent, find_tools().kubectl.parent])
+
+
+def suggestions(data: dict[str, Any], path: list[Path]) -> str:
+    """Return the commands to try against a demo that is up, from its ``demo.json`` data.
+
+    ``path``: the directories to put first on ``PATH``: the virtual environment's bin,
+    where kubectl finds the ``kubectl-sessionfleet`` plugin, and the pinned kubectl's
+    (``kubectl events`` sorts the operator's events.k8s.io Events by their eventTime;
+    ``kubectl get events --sort-by=.lastTimestamp`` cannot, they have no lastTimestamp).
+    """
+    dirs = ":".join(str(d) for d in dict.fromkeys(path))
+    return "\n".join(
+        [
+            "",
+            "The cluster stays up. Try:",
+            f"  export KUBECONFIG={data['kubeconfig']}",
+            f"  export PATH={dirs}:$PATH",
+            f"  kubectl sessionfleet status -n {NAMESPACE}",
+            f"  kubectl -n {NAMESPACE} get sessionfleet",
+            f"  kubectl -n {NAMESPACE} describe inferenceworker w-1",
+            f"  kubectl -n {NAMESPACE} events",
+            f"  kubectl -n {NAMESPACE} events --for inferenceworker/w-1",
+            f"  curl -s {data['router']}/v1/chat/completions -H 'X-Session-Id: try-1' "
+            f'-d \'{{"model": "{MODEL}", "messages": [{{"role": "user", "content": "hi"}}]}}\'',
+            f"  curl -s {data['router']}/metrics | grep sessionfleet_router",
+            f"  curl -s {data['operator_metrics']} | grep sessionfleet_",
+            f"  curl -s {data['agent_metrics']}",
+            "  make demo-down    # stops the cluster and every process the demo started",
+        ]
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

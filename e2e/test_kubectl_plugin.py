@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 
 from e2e.localcluster import LocalCluster
 from e2e.operator import (
@@ -124,6 +125,122 @@ def test_status_and_sessions_through_kubectl_show_ready_workers_and_their_sessio
     assert missing.returncode == 1
     assert (
         missing.stderr == f'error: InferenceWorker "ghost" not found in namespace "{namespace}"\n'
+    )
+
+
+def _load_output(argv: list[str]) -> Any:
+    """Run the plugin by path and return its output's document (JSON is YAML too)."""
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    show(["kubectl-sessionfleet", *argv[1:]], result)
+    assert result.returncode == 0, result.stderr
+    return yaml.safe_load(result.stdout)
+
+
+def kubeconfig_elsewhere(cluster: LocalCluster, namespace: str, path: Path) -> str:
+    """Copy the cluster's kubeconfig with its context's namespace set to ``namespace`` and a
+    second context, the current one, at an address where nothing listens; return the
+    cluster's context name."""
+    config = yaml.safe_load(cluster.kubeconfig.read_text())
+    real = config["current-context"]
+    (context,) = [c for c in config["contexts"] if c["name"] == real]
+    context["context"]["namespace"] = namespace
+    config["clusters"].append(
+        {
+            "name": "nowhere",
+            "cluster": {"server": "https://127.0.0.1:9", "insecure-skip-tls-verify": True},
+        }
+    )
+    config["contexts"].append(
+        {"name": "elsewhere", "context": {"cluster": "nowhere", "user": context["context"]["user"]}}
+    )
+    config["current-context"] = "elsewhere"
+    path.write_text(yaml.safe_dump(config))
+    return str(real)
+
+
+def test_json_and_yaml_output_and_the_context_flag(
+    operator: OperatorProcess, crs: Custom, namespace: str, cluster: LocalCluster, tmp_path: Path
+) -> None:
+    crs.create(sim_worker("w"))
+    ready_workers(crs, 1, operator)
+    for i in range(2):
+        crs.create(session(f"s{i}"))
+    crs.create(session("lonely", model="nope"))
+    wait_for(
+        operator,
+        lambda: crs.phases("agentsessions") == {"s0": "Bound", "s1": "Bound", "lonely": "Pending"},
+        timeout=30,
+        what="two Bound, one Pending",
+    )
+
+    for fmt, load in (("json", json.loads), ("yaml", yaml.safe_load)):
+        result = plugin(cluster, "status", "-n", namespace, "-o", fmt)
+        assert result.returncode == 0, result.stderr
+        status = load(result.stdout)
+        assert status["namespace"] == namespace
+        (listed,) = status["workers"]
+        assert (listed["name"], listed["phase"], listed["pinnedSessions"]) == ("w", "Ready", 2)
+        assert listed["policy"] in (None, "default") and listed["drain"]["state"] is None
+        assert status["sessions"] == {"total": 3, "byPhase": {"Pending": 1, "Bound": 2}}
+
+        result = via_kubectl(cluster, "sessionfleet", "sessions", "-n", namespace, "-o", fmt)
+        assert result.returncode == 0, result.stderr
+        sessions = {s["id"]: s for s in load(result.stdout)}
+        assert set(sessions) == {"id-s0", "id-s1", "id-lonely"}
+        assert sessions["id-s0"]["worker"] == "w" and sessions["id-s0"]["phase"] == "Bound"
+        assert sessions["id-lonely"] | {"ageSeconds": 0, "createdAt": ""} == {
+            "namespace": namespace,
+            "name": "lonely",
+            "id": "id-lonely",
+            "model": "nope",
+            "phase": "Pending",
+            "worker": None,
+            "turns": 0,
+            "contextTokens": 0,
+            "hitRatePercent": None,
+            "createdAt": "",
+            "ageSeconds": 0,
+        }
+
+        result = plugin(cluster, "explain", "session", "id-lonely", "-n", namespace, "-o", fmt)
+        assert result.returncode == 0, result.stderr
+        explained = load(result.stdout)
+        assert (explained["phase"], explained["ready"]["reason"]) == ("Pending", "NoReadyWorker")
+        assert explained["placementNow"]["worker"] is None
+        assert isinstance(explained["events"], list)
+
+    # --context picks the cluster's context of a kubeconfig whose current context points
+    # where nothing listens; the context's namespace is the default for -n.
+    config = tmp_path / "kubeconfig"
+    context = kubeconfig_elsewhere(cluster, namespace, config)
+    plain = [str(PLUGIN), f"--kubeconfig={config}"]
+    astray = subprocess.run(
+        [*plain, "status", "-o", "json"], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert astray.returncode == 1 and "cannot reach the API server at https://127.0.0.1:9" in (
+        astray.stderr
+    ), astray.stderr
+    in_context, listed_there, explained_there = (
+        _load_output([*plain, *argv])
+        for argv in (
+            [f"--context={context}", "status", "-o", "yaml"],
+            ["sessions", "--context", context, "-o", "yaml"],
+            ["explain", "session", "lonely", "--context", context, "-o", "json"],
+        )
+    )
+    assert in_context["namespace"] == namespace and len(in_context["workers"]) == 1
+    assert {s["namespace"] for s in listed_there} == {namespace} and len(listed_there) == 3
+    assert (explained_there["namespace"], explained_there["name"]) == (namespace, "lonely")
+    unknown = subprocess.run(
+        [*plain, "--context=nope", "status"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert unknown.returncode == 1
+    assert unknown.stderr.startswith("error: cannot load the Kubernetes configuration"), (
+        unknown.stderr
     )
 
 

@@ -550,6 +550,128 @@ def test_explain_bound_restoring_finished_and_lost_sessions() -> None:
     assert "lost: WorkerDeleted: worker x was deleted" in texts["l"]
 
 
+def test_explain_as_data_of_a_pending_session() -> None:
+    snap = views.snapshot(
+        [ready("w")],
+        [
+            session(
+                "p",
+                model="nope",
+                phase="Pending",
+                spec={"workerHint": "w"},
+                conditions=[cond("Ready", "False", "NoReadyWorker", "no Ready worker serves nope")],
+            )
+        ],
+    )
+    events = views.events_about(
+        "AgentSession",
+        "p",
+        "uid-p",
+        [v1_event("e1", "p", "Pending", "no Ready worker serves nope", eventTime=ago(5))],
+    )
+    record = views.explain_session_record(snap.sessions[0], events, snap, NOW)
+    json.dumps(record)  # serialisable
+    assert record | {"conditions": [], "events": []} == {
+        "namespace": "ns",
+        "name": "p",
+        "id": "id-p",
+        "model": "nope",
+        "phase": "Pending",
+        "worker": None,
+        "turns": 0,
+        "contextTokens": 0,
+        "hitRatePercent": None,
+        "createdAt": ago(300),
+        "ageSeconds": 300,
+        "workerPin": None,
+        "workerHint": "w",
+        "parentSessionId": None,
+        "pod": None,
+        "epoch": None,
+        "ready": {
+            "reason": "NoReadyWorker",
+            "message": "no Ready worker serves nope",
+            "meaning": "No Ready worker serves the session's model.",
+        },
+        "explanation": [
+            "Why: not bound: NoReadyWorker: no Ready worker serves nope",
+            "(No Ready worker serves the session's model.)",
+            "Workers: no worker in ns serves nope; the workers here serve m",
+            "Now: still no place: no Ready worker serves nope",
+        ],
+        "placementNow": {
+            "worker": None,
+            "reason": "NoReadyWorker",
+            "message": "no Ready worker serves nope",
+        },
+        "acknowledgedBy": None,
+        "migrations": [],
+        "conditions": [],
+        "events": [],
+        "eventsProblem": None,
+    }
+    assert record["conditions"] == [
+        {
+            "type": "Ready",
+            "status": "False",
+            "reason": "NoReadyWorker",
+            "message": "no Ready worker serves nope",
+            "lastTransitionTime": ago(30),
+        }
+    ]
+    assert record["events"] == [
+        {
+            "type": "Normal",
+            "reason": "Pending",
+            "message": "no Ready worker serves nope",
+            "from": "sessionfleet.dev/operator",
+            "count": 1,
+            "lastSeen": ago(5),
+        }
+    ]
+    problem = views.explain_session_record(
+        snap.sessions[0], [], snap, NOW, events_problem="events could not be listed: no"
+    )
+    assert (problem["events"], problem["eventsProblem"]) == (None, "events could not be listed: no")
+
+
+def test_explain_as_data_of_a_migrating_and_a_finished_session() -> None:
+    snap = views.snapshot(
+        [draining("src", started=30), ready("dst")],
+        [
+            session(
+                "m1",
+                phase="Migrating",
+                worker="src",
+                epoch=1,
+                pod="src-1",
+                annotations={"ack.sessionfleet.dev/router-a": ago(5)},
+            ),
+            session(
+                "f",
+                phase="Finished",
+                migrations=[
+                    {"from": "a", "to": "b", "reason": "Drain", "at": ago(700), "checkpoint": "c"}
+                ],
+            ),
+        ],
+    )
+    records = {
+        s.metadata.name: views.explain_session_record(s, [], snap, NOW) for s in snap.sessions
+    }
+    moving = records["m1"]
+    assert (moving["worker"], moving["pod"], moving["epoch"]) == ("src", "src-1", 1)
+    assert moving["acknowledgedBy"] == ["router-a"]
+    assert moving["placementNow"]["worker"] == "dst"
+    assert moving["explanation"][0].startswith("Migrating: leaving src")
+    assert "Acknowledged: router-a" in moving["explanation"]
+    finished = records["f"]
+    assert finished["placementNow"] is None and finished["acknowledgedBy"] is None
+    assert finished["migrations"] == [
+        {"from": "a", "to": "b", "reason": "Drain", "at": ago(700), "checkpoint": "c"}
+    ]
+
+
 # --- drain preview --------------------------------------------------------------------
 
 
@@ -833,6 +955,68 @@ def test_flags_go_before_or_after_the_subcommand() -> None:
     assert parser.parse_args(["checkpoint", "w"]).wait is True
 
 
+SUBCOMMANDS = [
+    ["status"],
+    ["sessions"],
+    ["explain", "session", "s"],
+    ["drain", "w"],
+    ["undrain", "w"],
+    ["checkpoint", "w"],
+]
+
+
+@pytest.mark.parametrize("argv", SUBCOMMANDS, ids=lambda argv: argv[0])
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_every_subcommand_takes_the_connection_flags(argv: list[str], where: str) -> None:
+    flags = ["--kubeconfig", "/k/config", "--context", "ctx", "-n", "agents"]
+    full = flags + argv if where == "before" else argv + flags
+    seen: list[Any] = []
+
+    def connector(args: Any) -> cli.Connection:
+        seen.append(args)
+        raise RuntimeError("no cluster here")
+
+    err = io.StringIO()
+    assert cli.main(full, connector=connector, out=io.StringIO(), err=err) == 1
+    (args,) = seen
+    assert (args.kubeconfig, args.context, args.namespace) == ("/k/config", "ctx", "agents")
+    assert "cannot load the Kubernetes configuration: no cluster here" in err.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("argv", "output"),
+    [
+        (["status"], True),
+        (["sessions"], True),
+        (["explain", "session", "s"], True),
+        (["checkpoint", "w"], True),
+        (["drain", "w"], False),
+        (["undrain", "w"], False),
+    ],
+    ids=lambda v: v[0] if isinstance(v, list) else str(v),
+)
+def test_which_subcommands_take_an_output_format(argv: list[str], output: bool) -> None:
+    parser = cli.build_parser()
+    if output:
+        for fmt in ("text", "json", "yaml"):
+            assert parser.parse_args([*argv, "-o", fmt]).output == fmt
+        assert parser.parse_args(argv).output == "text"
+    else:
+        assert not hasattr(parser.parse_args(argv), "output")
+
+
+def test_render_writes_json_and_block_yaml() -> None:
+    data = {"b": [1, {"x": None}], "a": "ünï", "when": "2026-01-01T12:00:00Z"}
+    assert cli.render(data, "json") == json.dumps(data, indent=2)
+    text = cli.render(data, "yaml")
+    assert text.splitlines()[:2] == ["b:", "- 1"]  # the builders' order, block style
+    assert "ünï" in text and "!!" not in text and not text.endswith("\n")
+    assert yaml.safe_load(text) == data
+    assert cli.render([], "yaml") == "[]"
+    with pytest.raises(ValueError):
+        cli.render(data, "text")
+
+
 @pytest.mark.parametrize(
     "argv",
     [
@@ -841,7 +1025,8 @@ def test_flags_go_before_or_after_the_subcommand() -> None:
         ["explain", "pod", "x"],
         ["checkpoint", "w", "--timeout", "soon"],
         ["checkpoint", "w", "--timeout", "0s"],
-        ["status", "-o", "yaml"],
+        ["status", "-o", "wide"],
+        ["drain", "w", "-o", "json"],
         ["drain"],
     ],
 )
@@ -870,6 +1055,30 @@ def test_status_and_sessions_print_text_and_json() -> None:
     assert code == 0 and out.split("\n")[1].split()[:4] == ["id-s", "Bound", "w", "2"]
     code, out, _ = run(api, "sessions", "-o", "json")
     assert json.loads(out)[0]["id"] == "id-s"
+
+
+@pytest.mark.parametrize(
+    "argv", [["status"], ["status", "-A"], ["sessions"], ["sessions", "--worker", "w"]]
+)
+def test_yaml_output_is_the_json_output(argv: list[str]) -> None:
+    api = FakeApi(ready("w"), bound("s", "w", turns=2, promptTokens=100), session("p"))
+    code, as_json, _ = run(api, *argv, "-o", "json")
+    assert code == 0
+    code, as_yaml, err = run(api, *argv, "-o", "yaml")
+    assert (code, err) == (0, "")
+    assert yaml.safe_load(as_yaml) == json.loads(as_json)
+    assert not as_yaml.lstrip().startswith(("{", "["))  # block style, not flow
+
+
+def test_status_and_sessions_in_yaml() -> None:
+    api = FakeApi(ready("w"), bound("s", "w", turns=2, promptTokens=100))
+    status = yaml.safe_load(run(api, "status", "-o", "yaml")[1])
+    assert status["workers"][0]["pinnedSessions"] == 1
+    assert status["sessions"] == {"total": 1, "byPhase": {"Bound": 1}}
+    (listed,) = yaml.safe_load(run(api, "sessions", "-o", "yaml")[1])
+    assert (listed["id"], listed["worker"], listed["turns"]) == ("id-s", "w", 2)
+    code, out, _ = run(FakeApi(), "sessions", "-o", "yaml")
+    assert (code, yaml.safe_load(out)) == (0, [])
 
 
 def test_sessions_of_one_worker_and_of_a_missing_one() -> None:
@@ -959,6 +1168,28 @@ def test_explain_finds_a_session_by_its_id_and_lists_events() -> None:
     assert code == 1 and 'AgentSession "nope" not found in namespace "ns"' in err
 
 
+@pytest.mark.parametrize("fmt", ["json", "yaml"])
+def test_explain_as_json_or_yaml(fmt: str) -> None:
+    lonely = session(
+        "p",
+        model="nope",
+        phase="Pending",
+        conditions=[cond("Ready", "False", "NoReadyWorker", "no Ready worker serves nope")],
+    )
+    api = FakeApi(ready("w"), lonely)
+    code, out, err = run(api, "explain", "session", "id-p", "-o", fmt)
+    assert (code, err) == (0, "")
+    record = json.loads(out) if fmt == "json" else yaml.safe_load(out)
+    snap = views.snapshot([ready("w")], [lonely])
+    assert record == views.explain_session_record(snap.sessions[0], [], snap, NOW)
+    assert record["ready"]["reason"] == "NoReadyWorker" and record["events"] == []
+    api.refuse[("list", "events")] = Forbidden(403, "events is forbidden")
+    code, out, _ = run(api, "explain", "session", "p", "-o", fmt)
+    record = json.loads(out) if fmt == "json" else yaml.safe_load(out)
+    assert code == 0 and record["events"] is None
+    assert record["eventsProblem"].startswith("events could not be listed")
+
+
 def test_explain_says_when_events_cannot_be_listed() -> None:
     api = FakeApi(session("s", phase="Pending"))
     api.refuse[("list", "events")] = Forbidden(403, "events is forbidden")
@@ -1023,6 +1254,46 @@ def test_checkpoint_failure_and_timeout_exit_1() -> None:
     assert code == 1 and "timed out after 1s: the checkpoint is still Running" in out
     code, out, _ = run(FakeApi(ready("w")), "checkpoint", "w", "--no-wait")
     assert code == 0 and out.count("\n") == 1
+
+
+@pytest.mark.parametrize("fmt", ["json", "yaml"])
+def test_checkpoint_as_json_or_yaml_prints_the_final_object(fmt: str) -> None:
+    def load(text: str) -> Any:
+        return json.loads(text) if fmt == "json" else yaml.safe_load(text)
+
+    done = checkpoint_at("Succeeded", "12", location="/c", totalTokens=5)
+    api = FakeApi(
+        ready("w"), events=[("MODIFIED", checkpoint_at("Running", "11")), ("MODIFIED", done)]
+    )
+    code, out, err = run(api, "checkpoint", "w", "-o", fmt)
+    assert code == 0 and load(out) == done
+    # The progress people read goes to stderr, beside the document.
+    assert err.splitlines()[0] == (
+        "WorkerCheckpoint ns/w-manual-abcde created for worker w (reason Manual)"
+    )
+    assert err.splitlines()[-1] == "location: /c"
+    assert [line.split()[-1] for line in err.splitlines()[1:4]] == [
+        "Pending",
+        "Running",
+        "Succeeded",
+    ]
+
+    failed = checkpoint_at("Failed", "11", error="driver none cannot save")
+    code, out, err = run(
+        FakeApi(ready("w"), events=[("MODIFIED", failed)]), "checkpoint", "w", "-o", fmt
+    )
+    assert code == 1 and load(out) == failed and "failed: driver none cannot save" in err
+
+    running = checkpoint_at("Running", "11")
+    stuck = FakeApi(ready("w"), events=[("MODIFIED", running)])
+    code, out, err = run(stuck, "checkpoint", "w", "--timeout", "1s", "-o", fmt)
+    assert code == 1 and load(out) == running and "timed out after 1s" in err
+
+    nowait = FakeApi(ready("w"))
+    code, out, err = run(nowait, "checkpoint", "w", "--no-wait", "-o", fmt)
+    assert code == 0 and load(out) == nowait.created[0]
+    assert load(out)["spec"] == {"worker": "w", "reason": "Manual", "sessions": []}
+    assert err.count("\n") == 1
 
 
 # --- the kubeconfig's namespace -------------------------------------------------------

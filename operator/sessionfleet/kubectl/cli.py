@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol, TextIO
 
+import yaml
+
 from sessionfleet._version import __version__
 from sessionfleet.api import InferenceWorker, format_duration, parse, parse_duration
 from sessionfleet.kube import (
@@ -51,6 +53,8 @@ PROG = "kubectl sessionfleet"
 FIELD_MANAGER = "kubectl-sessionfleet"
 OBJECT_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
 """A DNS subdomain: what may be read by name (another session id is searched for)."""
+OUTPUTS = ("text", "json", "yaml")
+"""``-o``: text for people (the default), or the same answer as one JSON or YAML document."""
 DEFAULT_CHECKPOINT_TIMEOUT = "15m"
 """As long as the operator gives a checkpoint (its ``--checkpoint-timeout``)."""
 
@@ -149,10 +153,34 @@ class Context:
         """Write a line (or lines) to the output."""
         print(text, file=self.out, flush=True)
 
+    def note(self, text: str) -> None:
+        """Write a line to the error stream: progress beside a JSON or YAML document."""
+        print(text, file=self.err, flush=True)
+
+    def document(self, data: Any, output: str) -> None:
+        """Write ``data`` as one JSON or YAML document (``output`` is not ``text``)."""
+        self.print(render(data, output))
+
     @property
     def ns(self) -> str:
         """The namespace of a command that acts on one object (never all namespaces)."""
         return self.namespace or "default"
+
+
+def render(data: Any, output: str) -> str:
+    """Return ``data`` (JSON-ready) as ``-o json`` or ``-o yaml`` writes it.
+
+    JSON indented by two, as kubectl writes it; YAML in block style with the keys in the
+    order the builders give them (kubectl's own order is the object's), never a Python tag.
+    """
+    if output == "json":
+        return json.dumps(data, indent=2)
+    if output == "yaml":
+        text: str = yaml.safe_dump(
+            data, sort_keys=False, default_flow_style=False, allow_unicode=True
+        )
+        return text.rstrip("\n")
+    raise ValueError(f"no document for output {output!r}")
 
 
 # --- reading --------------------------------------------------------------------------
@@ -194,8 +222,8 @@ async def cmd_status(ctx: Context, args: argparse.Namespace) -> int:
     """``status``: the workers, their sessions and drains, and the sessions by phase."""
     snap = await _fleet(ctx, ctx.namespace)
     now = ctx.clock()
-    if args.output == "json":
-        ctx.print(json.dumps(views.status_json(snap, now, ctx.namespace), indent=2))
+    if args.output != "text":
+        ctx.document(views.status_json(snap, now, ctx.namespace), args.output)
     else:
         ctx.print(views.status_text(snap, now, ctx.namespace))
     return EXIT_OK
@@ -208,8 +236,8 @@ async def cmd_sessions(ctx: Context, args: argparse.Namespace) -> int:
     snap = views.snapshot(sessions=await _items(ctx, SESSIONS, ctx.namespace))
     sessions = [s for s in snap.sessions if not args.worker or s.status.worker == args.worker]
     now = ctx.clock()
-    if args.output == "json":
-        ctx.print(json.dumps([views.session_record(s, now) for s in sessions], indent=2))
+    if args.output != "text":
+        ctx.document([views.session_record(s, now) for s in sessions], args.output)
     else:
         ctx.print(views.sessions_text(sessions, now, ctx.namespace))
     for problem in snap.unreadable:
@@ -272,6 +300,12 @@ async def cmd_explain(ctx: Context, args: argparse.Namespace) -> int:
     events = views.events_about(
         "AgentSession", session.metadata.name, session.metadata.uid, *listings
     )
+    if args.output != "text":
+        record = views.explain_session_record(
+            session, events, snap, ctx.clock(), events_problem=problem
+        )
+        ctx.document(record, args.output)
+        return EXIT_OK
     ctx.print(views.explain_session(session, events, snap, ctx.clock(), events_problem=problem))
     return EXIT_OK
 
@@ -306,26 +340,36 @@ async def cmd_undrain(ctx: Context, args: argparse.Namespace) -> int:
 
 
 async def cmd_checkpoint(ctx: Context, args: argparse.Namespace) -> int:
-    """``checkpoint W``: ask for a Manual checkpoint and, with ``--wait``, see it end."""
+    """``checkpoint W``: ask for a Manual checkpoint and, with ``--wait``, see it end.
+
+    With ``-o json|yaml`` the output is the WorkerCheckpoint as the API server last
+    returned it (the created object with ``--no-wait``, else the finished one, or the last
+    seen at a timeout), and the progress lines go to the error stream.
+    """
+    say = ctx.print if args.output == "text" else ctx.note
     await _worker(ctx, args.worker)
     created = await ctx.api.create(
         CHECKPOINTS, views.manual_checkpoint(args.worker, ctx.ns), ctx.ns
     )
     name = str(created["metadata"]["name"])
-    ctx.print(f"WorkerCheckpoint {ctx.ns}/{name} created for worker {args.worker} (reason Manual)")
+    say(f"WorkerCheckpoint {ctx.ns}/{name} created for worker {args.worker} (reason Manual)")
     if not args.wait:
+        if args.output != "text":
+            ctx.document(created, args.output)
         return EXIT_OK
     timeout: timedelta = args.timeout
     started = asyncio.get_running_loop().time()
     shown = ""
+    latest: Mapping[str, Any] = created
 
     def show(body: Mapping[str, Any]) -> bool | None:
         """Print the phase when it changed; return whether the checkpoint is over."""
-        nonlocal shown
+        nonlocal shown, latest
+        latest = body
         phase = views.checkpoint_phase(body)
         if phase != shown:
             elapsed = asyncio.get_running_loop().time() - started
-            ctx.print(f"{elapsed:6.1f}s  {phase}")
+            say(f"{elapsed:6.1f}s  {phase}")
             shown = phase
         return views.checkpoint_done(body)
 
@@ -333,12 +377,16 @@ async def cmd_checkpoint(ctx: Context, args: argparse.Namespace) -> int:
         async with asyncio.timeout(timeout.total_seconds()):
             final = await _watch_until_done(ctx, name, created, show)
     except TimeoutError:
-        ctx.print(
+        say(
             f"timed out after {format_duration(timeout)}: the checkpoint is still "
             f"{shown or 'Pending'} (kubectl get wcp {name} -n {ctx.ns})"
         )
+        if args.output != "text":
+            ctx.document(latest, args.output)
         return EXIT_FAILED
-    ctx.print(views.checkpoint_summary(final))
+    say(views.checkpoint_summary(final))
+    if args.output != "text":
+        ctx.document(final, args.output)
     return EXIT_OK if views.checkpoint_done(final) else EXIT_FAILED
 
 
@@ -430,9 +478,13 @@ def _all_namespaces(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _output(parser: argparse.ArgumentParser) -> None:
+def _output(parser: argparse.ArgumentParser, document: str) -> None:
     parser.add_argument(
-        "-o", "--output", choices=("text", "json"), default="text", help="text (default) or json"
+        "-o",
+        "--output",
+        choices=OUTPUTS,
+        default="text",
+        help=f"text (default), json or yaml; as json or yaml, {document}",
     )
 
 
@@ -461,18 +513,19 @@ def build_parser() -> argparse.ArgumentParser:
         "status", "the fleet at a glance: workers, their sessions and drains", cmd_status
     )
     _all_namespaces(status)
-    _output(status)
+    _output(status, "one document: the workers and the sessions by phase")
 
     sessions = command(
         "sessions", "list sessions: id, phase, worker, turns, context, age", cmd_sessions
     )
     sessions.add_argument("--worker", metavar="W", help="only the sessions bound to worker W")
     _all_namespaces(sessions)
-    _output(sessions)
+    _output(sessions, "one document: a list of the sessions")
 
     explain = command("explain", "why a session is Pending, or where it is migrating", cmd_explain)
     explain.add_argument("kind", choices=("session",), help="what to explain: session")
     explain.add_argument("name", metavar="S", help="the AgentSession's name or its session id")
+    _output(explain, "one document: the explanation as data")
 
     for name, verb, func in (
         ("drain", "set spec.drain on a worker and show what its DrainPolicy will do", cmd_drain),
@@ -501,6 +554,10 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="D",
         help="give up waiting after D, such as 90s or 15m "
         f"(exit 1; default {DEFAULT_CHECKPOINT_TIMEOUT})",
+    )
+    _output(
+        checkpoint,
+        "the WorkerCheckpoint as the API server last returned it; the progress goes to stderr",
     )
     return parser
 

@@ -15,6 +15,7 @@ the operator builds them.
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -899,6 +900,82 @@ def explain_session(
     return "\n".join(lines)
 
 
+_LABEL = re.compile(r"^(\w[\w ]*:) +")
+
+
+def _sentences(lines: Iterable[str]) -> list[str]:
+    """Return lines of the text layout without its column padding: ``Why: not bound: ...``."""
+    return [_LABEL.sub(r"\1 ", line.strip()) for line in lines if line.strip()]
+
+
+def _placement_record(placement: Placement) -> dict[str, Any]:
+    return {
+        "worker": placement.worker,
+        "reason": placement.reason.value,
+        "message": placement.message,
+    }
+
+
+def _event_record(event: EventView) -> dict[str, Any]:
+    return {
+        "type": event.type or None,
+        "reason": event.reason or None,
+        "message": event.message,
+        "from": event.source or None,
+        "count": event.count,
+        "lastSeen": _maybe_time(event.last_seen),
+    }
+
+
+def explain_session_record(
+    session: AgentSession,
+    events: Sequence[EventView],
+    snap: Snapshot,
+    now: datetime,
+    *,
+    events_problem: str | None = None,
+) -> dict[str, Any]:
+    """Return ``explain session`` as ``--output json|yaml`` shows it: the same answer as data.
+
+    The session's row (as ``sessions -o json``) with its wishes, the Ready condition's
+    reason and what it means, the explanation's sentences, where placement would put it
+    now (Pending: placed as a new session; Migrating: its likely target), the routers
+    that acknowledged a migration, its migrations, conditions and events.
+    """
+    spec, status = session.spec, session.status
+    reason, message = _ready_reason(session)
+    phase = status.phase
+    placement: Placement | None = None
+    if phase is SessionPhase.PENDING:
+        placement = placement_now(snap, session)
+    elif phase is SessionPhase.MIGRATING:
+        placement = migration_target(snap, session)
+    return {
+        **session_record(session, now),
+        "workerPin": spec.worker_pin,
+        "workerHint": spec.worker_hint,
+        "parentSessionId": spec.parent_session_id,
+        "pod": status.pod,
+        "epoch": status.epoch,
+        "ready": {
+            "reason": reason or None,
+            "message": message or None,
+            "meaning": _reason_text(reason) or None,
+        },
+        "explanation": _sentences(_why(session, snap, now)),
+        "placementNow": _placement_record(placement) if placement is not None else None,
+        "acknowledgedBy": (
+            sorted(acks_of(session.metadata.annotations))
+            if phase is SessionPhase.MIGRATING
+            else None
+        ),
+        "migrations": [move.wire() for move in status.migrations],
+        "conditions": [c.wire() for c in status.conditions],
+        "events": [_event_record(e) for e in events] if events_problem is None else None,
+        "eventsProblem": events_problem,
+    }
+
+
 def _ready_reason(session: AgentSession) -> tuple[str, str]:
     ready = condition(session.status.conditions, ConditionType.READY)
     return (ready.reason, ready.message) if ready is not None else ("", "")
@@ -982,6 +1059,21 @@ def _candidates(session: AgentSession, snap: Snapshot) -> list[str]:
     return [f"Workers:     no worker in {namespace} serves {model}{elsewhere}"]
 
 
+def migration_target(snap: Snapshot, session: AgentSession) -> Placement:
+    """Return where a migrating session would go now, as the operator places it.
+
+    No pin or hint, and the worker it leaves excluded.
+    """
+    return place(
+        PlacementRequest(
+            model=session.spec.model,
+            expected_tokens=context_tokens(session),
+            exclude=frozenset({session.status.worker or ""}),
+        ),
+        loads(snap, session.metadata.namespace),
+    )
+
+
 def _migrating(
     session: AgentSession, worker: InferenceWorker | None, snap: Snapshot, now: datetime
 ) -> list[str]:
@@ -999,15 +1091,7 @@ def _migrating(
             lines.append(f"Because:     {source} drains: {draining.message}")
     acks = sorted(acks_of(session.metadata.annotations))
     lines.append(f"Acknowledged: {', '.join(acks) if acks else 'by no router yet'}")
-    # As the operator places a migrating session: no pin or hint, its source excluded.
-    target = place(
-        PlacementRequest(
-            model=session.spec.model,
-            expected_tokens=context_tokens(session),
-            exclude=frozenset({source}),
-        ),
-        loads(snap, session.metadata.namespace),
-    )
+    target = migration_target(snap, session)
     if target.worker is not None:
         lines.append(
             f"Target:      {target.worker} if it moved now ({target.message}); chosen when it moves"
