@@ -17,6 +17,7 @@ from sessionfleet.api.crd import render_crds
 from sessionfleet.api.crd_templates import render_chart_crds
 from sessionfleet.controllers import run as operator_cli
 from sessionfleet.engines.sim import cli as sim_engine_cli
+from sessionfleet.epp import cli as epp_cli
 from sessionfleet.fleetsim import cli as fleetsim_cli
 from sessionfleet.router import cli as router_cli
 
@@ -96,6 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     sim_engine_cli.add_parser(commands)
     fleetsim_cli.add_parser(commands)
     router_cli.add_parser(commands)
+    epp_cli.add_parser(commands)
     operator_cli.add_parser(commands)
     agent_cli.add_parser(commands)
     return parser

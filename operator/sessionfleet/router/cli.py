@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import os
 import socket
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,16 +33,11 @@ def default_namespace() -> str:
         return "default"
 
 
-def add_parser(commands: Any) -> argparse.ArgumentParser:
-    """Add the ``router`` subcommand to ``commands`` (an argparse subparsers object)."""
-    parser: argparse.ArgumentParser = commands.add_parser(
-        "router",
-        help="run the session-aware OpenAI-compatible router",
-        description=DESCRIPTION,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--host", default="0.0.0.0", help="address to bind (default: 0.0.0.0)")
-    parser.add_argument("--port", type=int, default=8080, help="port to bind (default: 8080)")
+def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the flags the router and the Endpoint Picker share.
+
+    Where the bindings live, who this replica is, and which headers carry a session.
+    """
     parser.add_argument(
         "--namespace",
         default=None,
@@ -76,6 +70,19 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
         default="X-Session-Final",
         help="header marking a session's last turn (default: X-Session-Final)",
     )
+
+
+def add_parser(commands: Any) -> argparse.ArgumentParser:
+    """Add the ``router`` subcommand to ``commands`` (an argparse subparsers object)."""
+    parser: argparse.ArgumentParser = commands.add_parser(
+        "router",
+        help="run the session-aware OpenAI-compatible router",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--host", default="0.0.0.0", help="address to bind (default: 0.0.0.0)")
+    parser.add_argument("--port", type=int, default=8080, help="port to bind (default: 8080)")
+    add_fleet_arguments(parser)
     timing = parser.add_argument_group("timing")
     timing.add_argument(
         "--flush-interval",
@@ -235,35 +242,14 @@ def settings_from_args(args: argparse.Namespace) -> RouterSettings:
 
 def run(args: argparse.Namespace) -> int:
     """Run the ``router`` subcommand; return the exit status."""
-    import asyncio
-    import logging
-
     # Imported here so that other subcommands start without aiohttp and httpx.
-    from sessionfleet.kube import Kube, KubeConfig
+    from sessionfleet.kube.service import run_service
     from sessionfleet.router.server import serve
 
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
+    return run_service(
+        "router",
+        args,
+        settings_from_args,
+        lambda kube, settings: serve(kube, settings, args.host, args.port),
+        lambda settings: f"sessionfleet-router/{settings.replica}",
     )
-    try:
-        settings = settings_from_args(args)
-    except ValueError as error:
-        print(f"router: {error}", file=sys.stderr)
-        return 2
-    try:
-        kube_config = KubeConfig.load(args.kubeconfig)
-    except Exception as error:  # the kubernetes loader raises many kinds
-        print(f"router: cannot load the Kubernetes configuration: {error}", file=sys.stderr)
-        return 2
-
-    async def main() -> int:
-        kube = Kube(kube_config, user_agent=f"sessionfleet-router/{settings.replica}")
-        return await serve(kube, settings, args.host, args.port)
-
-    try:
-        return asyncio.run(main())
-    except OSError as error:
-        print(f"router: cannot serve on {args.host}:{args.port}: {error}", file=sys.stderr)
-        return 1

@@ -36,9 +36,10 @@ status   code                      when
 from __future__ import annotations
 
 import json
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
-from aiohttp import web
+if TYPE_CHECKING:
+    from aiohttp import web
 
 REASON_HEADER: Final = "X-Sessionfleet-Reason"
 
@@ -81,6 +82,10 @@ class RouterError(Exception):
 
     def response(self) -> web.Response:
         """Return the HTTP answer."""
+        # Imported here so that the EPP (docs/epp.md), which shares these errors,
+        # does not load the HTTP stack.
+        from aiohttp import web
+
         headers = {REASON_HEADER: self.code}
         if self.retry_after is not None:
             headers["Retry-After"] = str(self.retry_after)

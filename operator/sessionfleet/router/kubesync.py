@@ -129,13 +129,21 @@ class SessionCreator:
         return view
 
     async def ensure(
-        self, identity: Identity, model: str, *, owner: str | None = None, requester: str = ""
+        self,
+        identity: Identity,
+        model: str,
+        *,
+        owner: str | None = None,
+        requester: str = "",
+        hint: str | None = None,
     ) -> tuple[SessionView, bool]:
         """Return the session's view and whether this call created the session.
 
         ``owner`` is the authenticated client (None without authentication);
         ``requester`` is who the new-session rate limit counts against. Concurrent first
-        turns of one session in this replica share one create.
+        turns of one session in this replica share one create. ``hint`` is a worker
+        already chosen with :func:`place` (the EPP answers before the create, docs/epp.md):
+        placement keeps it while it has room.
         """
         name = session_object_name(identity.session_id, owner)
         known = self._table.session_named(name)
@@ -156,7 +164,7 @@ class SessionCreator:
         future: asyncio.Future[SessionView] = asyncio.get_running_loop().create_future()
         self._creating[name] = future
         try:
-            view, created = await self._create(name, identity, model, owner)
+            view, created = await self._create(name, identity, model, owner, hint)
         except BaseException as error:
             future.set_exception(error)
             future.exception()  # retrieved: no "never retrieved" warning without waiters
@@ -168,7 +176,7 @@ class SessionCreator:
             del self._creating[name]
 
     async def _create(
-        self, name: str, identity: Identity, model: str, owner: str | None
+        self, name: str, identity: Identity, model: str, owner: str | None, hint: str | None
     ) -> tuple[SessionView, bool]:
         parent = (
             self._table.session_named(session_object_name(identity.parent_id, owner))
@@ -176,7 +184,9 @@ class SessionCreator:
             else None
         )
         placement = place(
-            PlacementRequest(model=model, parent_worker=parent.worker if parent else None),
+            PlacementRequest(
+                model=model, hint=hint, parent_worker=parent.worker if parent else None
+            ),
             self._table.loads(),
         )
         if placement.worker is None:

@@ -29,11 +29,10 @@ from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
-from sessionfleet.api import SessionPhase
 from sessionfleet.engines import FORWARDED_SESSION_HEADER
 from sessionfleet.engines.vllm import Usage
 from sessionfleet.router.admission import ApiKeys, AuthError, SessionRates
-from sessionfleet.router.bindings import HELD_PHASES, BindingTable, SessionView, WorkerView
+from sessionfleet.router.bindings import BindingTable, SessionView, WorkerView
 from sessionfleet.router.body import TAIL_BYTES, BodyError, model_of, usage_in_body, usage_in_tail
 from sessionfleet.router.errors import RouterError
 from sessionfleet.router.identity import HeaderConfig, Identity, IdentityError, identify
@@ -42,6 +41,7 @@ from sessionfleet.router.kubesync import Flusher, SessionCreator
 from sessionfleet.router.ledger import UsageLedger, turn_totals
 from sessionfleet.router.limits import IntakeLimits
 from sessionfleet.router.metrics import RouterMetrics
+from sessionfleet.router.routing import bound_worker
 
 logger = logging.getLogger("sessionfleet.router")
 
@@ -285,28 +285,7 @@ class Proxy:
 
     def _decide(self, session: SessionView) -> WorkerView | str:
         """Return the worker for a bound session's turn, or why the turn must wait."""
-        if session.phase == SessionPhase.FINISHED:
-            raise RouterError(
-                409,
-                "session_finished",
-                f"session {session.session_id} is finished; start a new session id",
-            )
-        if session.phase in HELD_PHASES:
-            return f"is {session.phase}"
-        if session.phase == SessionPhase.LOST:
-            # Its worker was deleted and the operator does not rebind it: the turns go
-            # where the session id hashes among the Ready workers, the same on every
-            # replica, so the session rebuilds its cache in one place.
-            rebound = self.table.rendezvous(session.model, session.session_id)
-            return rebound if rebound is not None else "is Lost and no worker is Ready"
-        if session.worker is None:
-            return "is not bound to a worker yet"
-        worker = self.table.workers.get(session.worker)
-        if worker is None:
-            return f"is bound to worker {session.worker}, which does not exist"
-        if not worker.serving:
-            return f"is bound to worker {worker.name}, which is {worker.phase or 'not started'}"
-        return worker
+        return bound_worker(self.table, session)
 
     async def _bound_worker(self, session: SessionView, turn: _Turn) -> WorkerView:
         decision = self._decide(session)

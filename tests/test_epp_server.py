@@ -1,0 +1,308 @@
+"""The EPP's gRPC server over a real in-process grpc.aio server and the generated stub.
+
+No Kubernetes: the binding table is filled directly, as the watches would fill it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import pytest
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+from epp_fakes import (
+    MODES,
+    chat_body,
+    completion,
+    destination_of,
+    fleet,
+    immediate_of,
+    request_body,
+    request_headers,
+    response_body,
+    response_headers,
+    session,
+    sse_chunks,
+)
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from sessionfleet.epp.picker import PickerConfig
+from sessionfleet.epp.protocol import ExchangeSettings
+from sessionfleet.epp.server import SERVICE_NAME, EppSettings, Health, Processor, grpc_server
+from sessionfleet.router.admission import SessionRates
+from sessionfleet.router.bindings import BindingTable
+from sessionfleet.router.identity import session_object_name
+from sessionfleet.router.ledger import UsageLedger
+from sessionfleet.router.metrics import RouterMetrics
+
+SID = {"x-session-id": "task-42"}
+NAME = session_object_name("task-42", None)
+
+
+@dataclass
+class Bed:
+    table: BindingTable
+    processor: Processor
+    health: Health
+    channel: grpc.aio.Channel
+
+    @property
+    def stub(self) -> Any:
+        return pb_grpc.ExternalProcessorStub(self.channel)
+
+
+async def start(
+    table: BindingTable, *, mode: int = MODES.FULL_DUPLEX_STREAMED, hold: float = 0.0
+) -> tuple[Any, Bed]:
+    settings = EppSettings(
+        picker=PickerConfig(session_rates=SessionRates(0, 0, 0, 0)),
+        exchange=ExchangeSettings(mode, mode),
+        hold_timeout=hold,
+    )
+    processor = Processor(table, settings, UsageLedger(10.0), RouterMetrics(table))
+    health = Health(table)
+    await health.update()
+    server, port = grpc_server(processor, health, "127.0.0.1:0")
+    await server.start()
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    return server, Bed(table, processor, health, channel)
+
+
+@pytest.fixture
+async def bed() -> AsyncIterator[Bed]:
+    server, test_bed = await start(fleet([session("task-42", "w-2")]))
+    yield test_bed
+    await test_bed.channel.close()
+    await server.stop(None)
+
+
+async def exchange(call: Any, messages: list[Any], expect: int) -> list[Any]:
+    """Write ``messages`` in order, then read ``expect`` answers."""
+    for message in messages:
+        await call.write(message)
+    return [await asyncio.wait_for(call.read(), 5) for _ in range(expect)]
+
+
+def kinds(answers: list[Any]) -> list[str]:
+    return [a.WhichOneof("response") for a in answers]
+
+
+async def test_full_duplex_turn_over_grpc(bed: Bed) -> None:
+    call = bed.stub.Process()
+    body = chat_body()
+    answers = await exchange(
+        call,
+        [request_headers(SID), request_body(body[:30], False), request_body(body[30:], True)],
+        3,
+    )
+    assert kinds(answers) == ["request_headers", "request_body", "request_body"]
+    assert destination_of(answers[0]) == ("10.0.0.2:8000", "10.0.0.2:8000")
+    assert bed.table.workers["w-2"].in_flight == 1
+    chunks = sse_chunks()
+    answers = await exchange(
+        call,
+        [response_headers(event_stream=True, served="10.0.0.2:8000")]
+        + [response_body(c, i == len(chunks) - 1) for i, c in enumerate(chunks)],
+        1 + len(chunks),
+    )
+    assert kinds(answers) == ["response_headers"] + ["response_body"] * len(chunks)
+    assert [a.response_body.response.body_mutation.streamed_response.body for a in answers[1:]] == (
+        chunks
+    )
+    await call.done_writing()
+    assert await call.read() == grpc.aio.EOF
+    assert await call.code() == grpc.StatusCode.OK
+    assert bed.table.workers["w-2"].in_flight == 0
+    pending = bed.processor.ledger.pending(NAME)
+    assert pending is not None and (pending.turns, pending.prompt_tokens) == (1, 120)
+
+
+async def test_buffered_turn_over_grpc() -> None:
+    server, bed = await start(fleet([session("task-42", "w-3")]), mode=MODES.BUFFERED)
+    try:
+        call = bed.stub.Process()
+        answers = await exchange(call, [request_headers(SID)], 1)
+        assert kinds(answers) == ["request_headers"]
+        answers = await exchange(call, [request_body(chat_body(), True)], 1)
+        assert destination_of(answers[0])[0] == "10.0.0.3:8000"
+        answers = await exchange(call, [response_headers(), response_body(completion(), True)], 2)
+        assert kinds(answers) == ["response_headers", "response_body"]
+        await call.done_writing()
+        assert await call.read() == grpc.aio.EOF
+        assert bed.processor.ledger.pending(NAME) is not None
+    finally:
+        await bed.channel.close()
+        await server.stop(None)
+
+
+async def test_streamed_turn_over_grpc() -> None:
+    server, bed = await start(fleet([session("task-42", "w-1")]), mode=MODES.STREAMED)
+    try:
+        call = bed.stub.Process()
+        answers = await exchange(call, [request_headers(SID)], 1)
+        assert destination_of(answers[0])[0] == "10.0.0.1:8000"
+        body = chat_body(stream=True)
+        answers = await exchange(
+            call, [request_body(body[:20], False), request_body(body[20:], True)], 2
+        )
+        assert kinds(answers) == ["request_body", "request_body"]
+        chunks = sse_chunks()
+        answers = await exchange(
+            call,
+            [response_headers(event_stream=True)]
+            + [response_body(c, i == len(chunks) - 1) for i, c in enumerate(chunks)],
+            1 + len(chunks),
+        )
+        await call.done_writing()
+        assert await call.read() == grpc.aio.EOF
+        pending = bed.processor.ledger.pending(NAME)
+        assert pending is not None and pending.cached_tokens == 100
+    finally:
+        await bed.channel.close()
+        await server.stop(None)
+
+
+async def test_immediate_response_ends_the_stream(bed: Bed) -> None:
+    call = bed.stub.Process()
+    answers = await exchange(
+        call, [request_headers(SID, subset=["10.0.0.1:8000"]), request_body(chat_body(), True)], 1
+    )
+    status, headers, body = immediate_of(answers[0])
+    assert status == 503 and body["error"]["code"] == "no_ready_worker"
+    assert await call.read() == grpc.aio.EOF
+    assert await call.code() == grpc.StatusCode.OK
+    assert bed.processor.ledger.pending(NAME) is None
+
+
+async def test_new_session_is_placed_without_an_api_call(bed: Bed) -> None:
+    call = bed.stub.Process()
+    answers = await exchange(
+        call, [request_headers({"x-session-id": "fresh"}), request_body(chat_body(), True)], 2
+    )
+    endpoints = destination_of(answers[0])[0].split(",")
+    assert len(endpoints) == 3
+    name = session_object_name("fresh", None)
+    assert bed.processor.picker.provisional[name].worker != "w-2"  # w-2 holds a session
+    await call.done_writing()
+    assert await call.read() == grpc.aio.EOF
+
+
+async def test_held_session_answers_503_at_once_by_default() -> None:
+    server, bed = await start(fleet([session("task-42", "w-1", phase="Migrating")]))
+    try:
+        call = bed.stub.Process()
+        answers = await exchange(call, [request_headers(SID, end=True)], 1)
+        status, headers, body = immediate_of(answers[0])
+        assert (status, body["error"]["code"]) == (503, "session_held")
+        assert headers["retry-after"] == "5"
+    finally:
+        await bed.channel.close()
+        await server.stop(None)
+
+
+async def test_held_session_is_released_when_bound_again() -> None:
+    table = fleet([session("task-42", "w-1", phase="Migrating")])
+    server, bed = await start(table, hold=5.0)
+    try:
+        call = bed.stub.Process()
+        await call.write(request_headers(SID, end=True))
+        read = asyncio.ensure_future(call.read())
+        await asyncio.sleep(0.2)
+        assert not read.done()
+        table.apply_session(session("task-42", "w-3"))
+        answer = await asyncio.wait_for(read, 5)
+        assert destination_of(answer)[0] == "10.0.0.3:8000"
+        await call.done_writing()
+    finally:
+        await bed.channel.close()
+        await server.stop(None)
+
+
+async def test_health_services_follow_the_bindings() -> None:
+    table = BindingTable()
+    server, bed = await start(table)
+    try:
+        stub = health_pb2_grpc.HealthStub(bed.channel)
+
+        async def status(service: str) -> int:
+            reply = await stub.Check(health_pb2.HealthCheckRequest(service=service))
+            return int(reply.status)
+
+        serving = health_pb2.HealthCheckResponse.SERVING
+        not_serving = health_pb2.HealthCheckResponse.NOT_SERVING
+        assert await status("liveness") == serving
+        assert await status("readiness") == not_serving
+        assert await status(SERVICE_NAME) == not_serving
+        table.replace_workers([])
+        table.replace_sessions([])
+        await bed.health.update()
+        assert await status("readiness") == serving
+        assert await status(SERVICE_NAME) == serving
+    finally:
+        await bed.channel.close()
+        await server.stop(None)
+
+
+def test_cli_flags_make_the_settings() -> None:
+    from sessionfleet.cli import build_parser
+    from sessionfleet.epp.cli import settings_from_args
+
+    args = build_parser().parse_args(
+        [
+            "epp",
+            "--namespace=agents",
+            "--port=9100",
+            "--metrics-port=0",
+            "--session-header=X-Task",
+            "--hold-timeout=2.5",
+            "--fallbacks=0",
+            "--request-body-mode=BUFFERED",
+        ]
+    )
+    settings = settings_from_args(args)
+    assert (args.port, args.metrics_port) == (9100, 0)
+    assert settings.namespace == "agents"
+    assert settings.picker.headers.session_header == "X-Task"
+    assert settings.picker.fallbacks == 0 and settings.hold_timeout == 2.5
+    assert settings.exchange.request_body_mode == MODES.BUFFERED
+    assert settings.exchange.response_body_mode == MODES.FULL_DUPLEX_STREAMED
+
+
+async def test_new_session_is_recorded_in_the_background_with_the_choice_as_hint() -> None:
+    table = fleet()
+    server, bed = await start(table)
+    calls: list[tuple[str, str, str | None]] = []
+    release = asyncio.Event()
+
+    class Creator:
+        async def ensure(self, identity: Any, model: str, *, hint: str | None = None) -> Any:
+            calls.append((identity.session_id, model, hint))
+            await release.wait()  # the API server is slow: the answer does not wait for it
+            table.apply_session(session(identity.session_id, hint))
+
+    bed.processor.creator = Creator()  # type: ignore[assignment]
+    try:
+        call = bed.stub.Process()
+        answers = await exchange(
+            call, [request_headers({"x-session-id": "new-1"}), request_body(chat_body(), True)], 2
+        )
+        first = destination_of(answers[0])[0].split(",")[0]
+        name = session_object_name("new-1", None)
+        assert calls and calls[0][0] == "new-1" and calls[0][1] == "m"
+        hinted = table.workers[calls[0][2] or ""]
+        assert hinted.endpoint == f"http://{first}"
+        assert name in bed.processor.picker.provisional
+        release.set()
+        for _ in range(50):
+            if name not in bed.processor.picker.provisional:
+                break
+            await asyncio.sleep(0.01)
+        assert name not in bed.processor.picker.provisional
+        assert table.session_named(name) is not None
+        await call.done_writing()
+    finally:
+        await bed.channel.close()
+        await server.stop(None)
