@@ -1,7 +1,8 @@
 # syntax=docker/dockerfile:1
 #
 # The sessionfleet image: one image, one entrypoint (`sessionfleet`) for the operator,
-# the router, the node agent and the simulated engine:
+# the router, the Endpoint Picker (`sessionfleet epp`, the `epp` extra), the node agent
+# and the simulated engine:
 #
 #   docker build -t ghcr.io/sessionfleet/sessionfleet:0.1.0 .
 #   docker run --rm ghcr.io/sessionfleet/sessionfleet:0.1.0 version
@@ -20,13 +21,17 @@ RUN python -m venv /opt/sessionfleet
 COPY pyproject.toml README.md ./
 COPY operator ./operator
 COPY controllers ./controllers
-RUN /opt/sessionfleet/bin/pip install --no-cache-dir . \
-    && /opt/sessionfleet/bin/sessionfleet version
+# The epp extra (grpcio, the Envoy ext_proc messages, the gRPC health service) is
+# installed so the chart's epp.enabled runs from this image; the import fails the build
+# without it.
+RUN /opt/sessionfleet/bin/pip install --no-cache-dir ".[epp]" \
+    && /opt/sessionfleet/bin/sessionfleet version \
+    && /opt/sessionfleet/bin/python -c "import sessionfleet.epp.server"
 
 FROM ${PYTHON_IMAGE}
 ARG VERSION=0.1.0
 LABEL org.opencontainers.image.title="sessionfleet" \
-      org.opencontainers.image.description="Session-aware GPU inference fleets on Kubernetes: operator, router, node agent, simulated engine" \
+      org.opencontainers.image.description="Session-aware GPU inference fleets on Kubernetes: operator, router, Endpoint Picker, node agent, simulated engine" \
       org.opencontainers.image.version="${VERSION}" \
       org.opencontainers.image.licenses="Apache-2.0" \
       org.opencontainers.image.source="https://github.com/sessionfleet/sessionfleet"
@@ -43,7 +48,8 @@ ENV PATH=/opt/sessionfleet/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1
 WORKDIR /tmp
 USER 65532:65532
-# Operator metrics, operator health (/healthz), router and simulated engine.
-EXPOSE 8080 8081 8000
+# Operator metrics, operator health (/healthz), router and simulated engine, and the
+# Endpoint Picker's gRPC port.
+EXPOSE 8080 8081 8000 9002
 ENTRYPOINT ["sessionfleet"]
 CMD ["--help"]

@@ -7,11 +7,13 @@
 #   kwok (+ its shipped Stage YAMLs)                                   sigs.k8s.io/kwok v0.8.0
 #   helm                                                               helm.sh/helm/v3 v3.22.0
 #   promtool                                                           github.com/prometheus/prometheus v0.316.0 (Prometheus 3.16.0)
+#   InferencePool CRDs (not built: YAML copied from the module)       sigs.k8s.io/gateway-api-inference-extension v1.1.0
 #
 # The versions live in the committed go.mod/go.sum files under e2e/tools/; this script
 # only decides what to (re)build. Output directory (printed at the end):
 #   ${SESSIONFLEET_E2E_TOOLS:-${XDG_CACHE_HOME:-~/.cache}/sessionfleet/k8s-v1.36.3}/bin
 #   .../kwok-stages/{node,pod}/...
+#   .../gaie-crds/*.yaml
 #
 # Usage: e2e/build-tools.sh [--print-dir]
 set -euo pipefail
@@ -22,6 +24,7 @@ tools_src="${repo_e2e}/tools"
 cache_root="${SESSIONFLEET_E2E_TOOLS:-${XDG_CACHE_HOME:-${HOME}/.cache}/sessionfleet/k8s-${K8S_VERSION}}"
 bin_dir="${cache_root}/bin"
 stage_dir="${cache_root}/kwok-stages"
+gaie_dir="${cache_root}/gaie-crds"
 
 if [[ "${1:-}" == "--print-dir" ]]; then
   echo "$cache_root"
@@ -129,6 +132,33 @@ copy_kwok_stages() {
   echo "e2e-tools: kwok stages: copied to ${stage_dir}"
 }
 
+# copy_gaie_crds: the Gateway API Inference Extension's CRDs (InferencePool, GA in
+# inference.networking.k8s.io/v1) for the EPP's e2e test, from the release pinned in
+# e2e/tools/gaie/go.mod: `go mod download` fetches the module (checked against go.sum)
+# and its config/crd/bases/ is copied, so no upstream YAML is committed here.
+copy_gaie_crds() {
+  local module_dir="${tools_src}/gaie" stamp stamp_file="${gaie_dir}/.stamp" info dir version
+  stamp="$(stamp_for "$module_dir" "" config/crd/bases)"
+  if [[ -f "$stamp_file" && "$(cat "$stamp_file")" == "$stamp" ]]; then
+    echo "e2e-tools: GAIE CRDs: cached"
+    return 0
+  fi
+  info="$(cd "$module_dir" && go mod download -json sigs.k8s.io/gateway-api-inference-extension)"
+  dir="$(sed -n 's|^[[:space:]]*"Dir": "\(.*\)",$|\1|p' <<<"$info")"
+  version="$(sed -n 's|^[[:space:]]*"Version": "\(.*\)",$|\1|p' <<<"$info")"
+  if [[ -z "$dir" || ! -d "${dir}/config/crd/bases" ]]; then
+    echo "e2e-tools: GAIE CRDs: go mod download gave no config/crd/bases:" >&2
+    echo "$info" >&2
+    exit 1
+  fi
+  rm -rf "$gaie_dir"
+  mkdir -p "$gaie_dir"
+  install -m 0644 "${dir}"/config/crd/bases/*.yaml "$gaie_dir"/
+  echo "$version" >"${gaie_dir}/VERSION"
+  echo "$stamp" >"$stamp_file"
+  echo "e2e-tools: GAIE CRDs ${version}: copied to ${gaie_dir}"
+}
+
 echo "e2e-tools: ${go_version}, cache ${cache_root}"
 echo "e2e-tools: a cold build takes about 15-20 minutes on 2 cores; later runs reuse the cache"
 k8s_mod="${tools_src}/k8s"
@@ -152,5 +182,6 @@ for var in "Version=${prom_release}" "Revision=${prom_module}" "Branch=HEAD" "Bu
 done
 build_one promtool "${tools_src}/promtool" github.com/prometheus/prometheus/cmd/promtool "$prom_ldflags"
 copy_kwok_stages
+copy_gaie_crds
 
 echo "e2e-tools: done in $((SECONDS - started_all)) s (${built} built, ${reused} cached): ${bin_dir}"

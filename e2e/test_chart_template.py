@@ -65,12 +65,21 @@ ROUTER = {
     ("sessionfleet.dev", "agentsessions/status", "patch"),
     *(("coordination.k8s.io", "leases", verb) for verb in ("create", "patch", "delete")),
 }
+# The Endpoint Picker's Role: the router's without `delete` on agentsessions (the EPP
+# never deletes the session of a first turn that got no answer).
+EPP = ROUTER - {("sessionfleet.dev", "agentsessions", "delete")}
+EPP_SELECTOR = {
+    "app.kubernetes.io/name": "sessionfleet",
+    "app.kubernetes.io/instance": "rel",
+    "app.kubernetes.io/component": "epp",
+}
 ALL_FEATURES: dict[str, Any] = {
     "router": {
         "autoscaling": {"enabled": True},
         "auth": {"existingSecret": "agent-api-keys"},
         "sessionQuota": {"enabled": True},
     },
+    "epp": {"enabled": True},
     "agent": {"enabled": True},
     "serviceMonitor": {"enabled": True},
     "grafana": {"dashboard": {"enabled": True}},
@@ -78,6 +87,24 @@ ALL_FEATURES: dict[str, Any] = {
     "networkPolicy": {"enabled": True},
     "defaultDrainPolicy": {"enabled": True},
     "operator": {"watchNamespaces": ["team-a", "team-b"]},
+}
+# epp values away from their defaults, one per flag the chart passes.
+EPP_EVERY_FLAG: dict[str, Any] = {
+    "enabled": True,
+    "port": 9003,
+    "metricsPort": 9091,
+    "namespace": "inference",
+    "sessionHeader": "X-Agent-Session",
+    "parentHeader": "X-Agent-Parent",
+    "finalHeader": "X-Agent-Final",
+    "holdTimeoutSeconds": 2.5,
+    "retryAfterSeconds": 2,
+    "fallbacks": 0,
+    "requestBodyMode": "BUFFERED",
+    "responseBodyMode": "STREAMED",
+    "flushIntervalSeconds": 30,
+    "logLevel": "DEBUG",
+    "extraArgs": ["--replica=epp-a"],
 }
 OPERATOR_SELECTOR = {
     "app.kubernetes.io/name": "sessionfleet",
@@ -169,6 +196,8 @@ def test_defaults_render_the_operator_router_and_crds_only() -> None:
         assert labels["app.kubernetes.io/instance"] == "rel"
         assert labels["app.kubernetes.io/part-of"] == "sessionfleet"
         assert labels["helm.sh/chart"] == f"sessionfleet-{__version__}"
+    # The Endpoint Picker is off by default.
+    assert not [o for o in objects if o["metadata"]["name"].endswith("-epp")]
 
 
 def test_operator_deployment_two_replicas_rolling_update_probes_and_flags() -> None:
@@ -405,9 +434,25 @@ def test_the_cli_accepts_every_flag_the_chart_passes() -> None:
 
     objects = render(values=ALL_FEATURES)
     deployments = by_kind(objects, "Deployment")
-    for name in ("rel-sessionfleet-operator", "rel-sessionfleet-router"):
+    for name in ("rel-sessionfleet-operator", "rel-sessionfleet-router", "rel-sessionfleet-epp"):
         args = build_parser().parse_args(container(deployments[name])["args"])
-        assert args.command in ("operator", "router")
+        assert args.command in ("operator", "router", "epp")
+    # Every epp value that maps to a flag, set away from its default, still parses
+    # into the settings the EPP runs with.
+    from sessionfleet.epp.cli import settings_from_args
+
+    epp = by_kind(render(values={"epp": EPP_EVERY_FLAG}), "Deployment")["rel-sessionfleet-epp"]
+    args = build_parser().parse_args(container(epp)["args"])
+    assert args.command == "epp"
+    assert (args.port, args.metrics_port, args.namespace) == (9003, 9091, "inference")
+    assert (args.hold_timeout, args.retry_after, args.fallbacks) == (2.5, 2, 0)
+    assert (args.request_body_mode, args.response_body_mode) == ("BUFFERED", "STREAMED")
+    assert args.session_header == "X-Agent-Session"
+    assert args.replica == "epp-a"  # from extraArgs
+    settings = settings_from_args(args)
+    assert settings.namespace == "inference"
+    assert settings.hold_timeout == 2.5 and settings.flush_interval == 30
+    assert settings.picker.fallbacks == 0 and settings.picker.retry_after == 2
 
 
 def test_image_digest_wins_over_the_tag() -> None:
@@ -616,6 +661,216 @@ def test_router_can_be_turned_off() -> None:
     assert not [o for o in objects if "router" in o["metadata"]["name"]]
 
 
+# --- Endpoint Picker --------------------------------------------------------------------
+
+
+def test_epp_deployment_service_probes_and_flags() -> None:
+    objects = render("epp.enabled=true")
+    epp = by_kind(objects, "Deployment")["rel-sessionfleet-epp"]
+    assert epp["metadata"]["namespace"] == "sf"
+    spec = epp["spec"]
+    assert spec["replicas"] == 2
+    assert spec["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
+    assert spec["selector"]["matchLabels"] == EPP_SELECTOR
+    pod = spec["template"]["spec"]
+    assert pod["serviceAccountName"] == "rel-sessionfleet-epp"
+    main = container(epp)
+    assert main["image"] == IMAGE
+    assert main["args"] == [
+        "epp",
+        "--host=0.0.0.0",
+        "--port=9002",
+        "--metrics-port=9090",
+        "--namespace=sf",
+        "--session-header=X-Session-Id",
+        "--parent-header=X-Parent-Session-Id",
+        "--final-header=X-Session-Final",
+        "--hold-timeout=0",
+        "--retry-after=5",
+        "--fallbacks=2",
+        "--request-body-mode=FULL_DUPLEX_STREAMED",
+        "--response-body-mode=FULL_DUPLEX_STREAMED",
+        "--flush-interval=10",
+        "--log-level=INFO",
+    ]
+    # The chart's defaults are the CLI's: a chart with no epp values runs the EPP as
+    # `sessionfleet epp` alone would.
+    from sessionfleet.cli import build_parser
+
+    parsed = build_parser().parse_args(main["args"])
+    bare = build_parser().parse_args(["epp"])
+    for flag in ("port", "metrics_port", "hold_timeout", "retry_after", "fallbacks"):
+        assert getattr(parsed, flag) == getattr(bare, flag), flag
+    assert main["env"] == [
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}
+    ]
+    assert {p["name"]: p["containerPort"] for p in main["ports"]} == {
+        "grpc": 9002,
+        "metrics": 9090,
+    }
+    # gRPC probes on the EPP protocol's health service names.
+    assert main["livenessProbe"]["grpc"] == {"port": 9002, "service": "liveness"}
+    assert main["readinessProbe"]["grpc"] == {"port": 9002, "service": "readiness"}
+    assert_restricted(epp)
+    service = by_kind(objects, "Service")["rel-sessionfleet-epp"]
+    assert service["metadata"]["namespace"] == "sf"
+    assert service["spec"]["type"] == "ClusterIP"
+    assert service["spec"]["selector"] == EPP_SELECTOR
+    assert service["spec"]["ports"] == [
+        {
+            "name": "grpc",
+            "port": 9002,
+            "targetPort": "grpc",
+            "protocol": "TCP",
+            "appProtocol": "grpc",
+        },
+        {"name": "metrics", "port": 9090, "targetPort": "metrics", "protocol": "TCP"},
+    ]
+    assert "rel-sessionfleet-epp" in by_kind(objects, "ServiceAccount")
+
+
+def test_epp_role_grants_exactly_what_the_epp_calls() -> None:
+    objects = render("epp.enabled=true")
+    role = by_kind(objects, "Role")["rel-sessionfleet-epp"]
+    assert rules(role) == EPP
+    binding = by_kind(objects, "RoleBinding")["rel-sessionfleet-epp"]
+    assert binding["roleRef"]["name"] == "rel-sessionfleet-epp"
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "rel-sessionfleet-epp", "namespace": "sf"}
+    ]
+    assert not [o for o in by_kind(objects, "ClusterRole") if o.endswith("-epp")]
+
+
+def test_epp_lives_in_the_namespace_it_serves() -> None:
+    # An InferencePool names its EPP Service in its own namespace: every EPP object goes
+    # where the InferencePool and the workers are.
+    for sets, namespace in (
+        (["epp.namespace=inference"], "inference"),
+        (["router.namespace=team-a"], "team-a"),
+        (["router.namespace=team-a", "epp.namespace=inference"], "inference"),
+    ):
+        objects = render("epp.enabled=true", "serviceMonitor.enabled=true", *sets)
+        mine = [o for o in objects if o["metadata"]["name"] == "rel-sessionfleet-epp"]
+        assert {o["kind"] for o in mine} == {
+            "ServiceAccount",
+            "Deployment",
+            "Service",
+            "Role",
+            "RoleBinding",
+            "PodDisruptionBudget",
+            "ServiceMonitor",
+        }
+        assert {o["metadata"]["namespace"] for o in mine} == {namespace}
+        epp = by_kind(objects, "Deployment")["rel-sessionfleet-epp"]
+        assert f"--namespace={namespace}" in container(epp)["args"]
+        binding = by_kind(objects, "RoleBinding")["rel-sessionfleet-epp"]
+        assert binding["subjects"][0]["namespace"] == namespace
+        monitor = by_kind(objects, "ServiceMonitor")["rel-sessionfleet-epp"]
+        assert monitor["spec"]["namespaceSelector"] == {"matchNames": [namespace]}
+
+
+def test_epp_pod_disruption_budget_only_with_more_than_one_replica() -> None:
+    pdb = by_kind(render("epp.enabled=true"), "PodDisruptionBudget")["rel-sessionfleet-epp"]
+    assert pdb["spec"] == {
+        "minAvailable": 1,
+        "selector": {"matchLabels": EPP_SELECTOR},
+        "unhealthyPodEvictionPolicy": "AlwaysAllow",
+    }
+    three = render("epp.enabled=true", "epp.replicas=3", "epp.podDisruptionBudget.minAvailable=2")
+    assert (
+        by_kind(three, "PodDisruptionBudget")["rel-sessionfleet-epp"]["spec"]["minAvailable"] == 2
+    )
+    one = render("epp.enabled=true", "epp.replicas=1")
+    assert "rel-sessionfleet-epp" not in by_kind(one, "PodDisruptionBudget")
+    assert by_kind(one, "Deployment")["rel-sessionfleet-epp"]["spec"]["replicas"] == 1
+    off = render("epp.enabled=true", "epp.podDisruptionBudget.enabled=false")
+    assert "rel-sessionfleet-epp" not in by_kind(off, "PodDisruptionBudget")
+    hang = template_text("epp.enabled=true", "epp.podDisruptionBudget.minAvailable=2", check=False)
+    assert hang.returncode != 0
+    assert "minAvailable (2) must be less than epp.replicas (2)" in hang.stderr
+
+
+def test_epp_without_metrics_port_has_no_metrics_port_or_monitor() -> None:
+    objects = render(
+        "epp.enabled=true",
+        "epp.metricsPort=0",
+        "serviceMonitor.enabled=true",
+        "networkPolicy.enabled=true",
+    )
+    epp = by_kind(objects, "Deployment")["rel-sessionfleet-epp"]
+    assert "--metrics-port=0" in container(epp)["args"]
+    assert [p["name"] for p in container(epp)["ports"]] == ["grpc"]
+    service = by_kind(objects, "Service")["rel-sessionfleet-epp"]
+    assert [p["name"] for p in service["spec"]["ports"]] == ["grpc"]
+    assert "rel-sessionfleet-epp" not in by_kind(objects, "ServiceMonitor")
+    policy = by_kind(objects, "NetworkPolicy")["rel-sessionfleet-epp"]
+    assert policy["spec"]["ingress"] == [{"ports": [{"port": "grpc", "protocol": "TCP"}]}]
+
+
+def test_epp_scheduling_pod_metadata_and_service_account_follow_values() -> None:
+    toleration = {"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}
+    affinity = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []}}
+    peer = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "gw"}}}
+    objects = render(
+        values={
+            "epp": {
+                "enabled": True,
+                "replicas": 3,
+                "nodeSelector": {"kubernetes.io/os": "linux"},
+                "tolerations": [toleration],
+                "affinity": affinity,
+                "priorityClassName": "high-priority",
+                "podAnnotations": {"prometheus.io/scrape": "true"},
+                "podLabels": {"team": "inference"},
+                "resources": {"requests": {"cpu": "1"}},
+                "serviceAccount": {"create": False, "name": "gateway-epp"},
+            },
+            "networkPolicy": {"enabled": True, "eppFrom": [peer]},
+        }
+    )
+    epp = by_kind(objects, "Deployment")["rel-sessionfleet-epp"]
+    assert epp["spec"]["replicas"] == 3
+    template = epp["spec"]["template"]
+    pod = template["spec"]
+    assert pod["nodeSelector"] == {"kubernetes.io/os": "linux"}
+    assert pod["tolerations"] == [toleration]
+    assert pod["affinity"] == affinity
+    assert pod["priorityClassName"] == "high-priority"
+    assert template["metadata"]["annotations"] == {"prometheus.io/scrape": "true"}
+    assert template["metadata"]["labels"]["team"] == "inference"
+    assert container(epp)["resources"]["requests"]["cpu"] == "1"
+    assert pod["serviceAccountName"] == "gateway-epp"
+    assert "rel-sessionfleet-epp" not in by_kind(objects, "ServiceAccount")
+    binding = by_kind(objects, "RoleBinding")["rel-sessionfleet-epp"]
+    assert binding["subjects"][0]["name"] == "gateway-epp"
+    policy = by_kind(objects, "NetworkPolicy")["rel-sessionfleet-epp"]
+    assert policy["spec"]["ingress"][0]["from"] == [peer]
+    missing = template_text("epp.enabled=true", "epp.serviceAccount.create=false", check=False)
+    assert missing.returncode != 0
+    assert "epp.serviceAccount.name is required" in missing.stderr
+
+
+def test_gateway_example_names_the_charts_epp_service() -> None:
+    """examples/gateway/inferencepool.yaml points at what `helm install sessionfleet` makes."""
+    example = REPO_ROOT / "examples" / "gateway" / "inferencepool.yaml"
+    (pool,) = [
+        doc
+        for doc in yaml.safe_load_all(example.read_text())
+        if doc and doc["kind"] == "InferencePool"
+    ]
+    objects = render("epp.enabled=true", release="sessionfleet", namespace="inference")
+    service = by_kind(objects, "Service")[pool["spec"]["endpointPickerRef"]["name"]]
+    # Applied with -n in the namespace the EPP serves, which holds its Service.
+    assert "namespace" not in pool["metadata"]
+    assert service["metadata"]["namespace"] == "inference"
+    grpc = next(p for p in service["spec"]["ports"] if p["name"] == "grpc")
+    assert pool["spec"]["endpointPickerRef"]["port"] == {"number": grpc["port"]}
+    assert pool["spec"]["endpointPickerRef"]["failureMode"] == "FailClose"
+
+
 # --- node agent -------------------------------------------------------------------------
 
 
@@ -718,7 +973,11 @@ def test_service_monitors_network_policies_and_default_drain_policy() -> None:
         values={**ALL_FEATURES, "serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}}
     )
     monitors = by_kind(objects, "ServiceMonitor")
-    assert set(monitors) == {"rel-sessionfleet-operator", "rel-sessionfleet-router"}
+    assert set(monitors) == {
+        "rel-sessionfleet-operator",
+        "rel-sessionfleet-router",
+        "rel-sessionfleet-epp",
+    }
     assert monitors["rel-sessionfleet-operator"]["spec"]["endpoints"][0]["port"] == "metrics"
     assert monitors["rel-sessionfleet-router"]["spec"]["endpoints"][0]["port"] == "http"
     assert monitors["rel-sessionfleet-router"]["metadata"]["labels"]["release"] == "prom"
@@ -728,6 +987,16 @@ def test_service_monitors_network_policies_and_default_drain_policy() -> None:
     assert operator_policy["policyTypes"] == ["Ingress"]
     assert operator_policy["ingress"] == [{"ports": [{"port": "metrics", "protocol": "TCP"}]}]
     assert policies["rel-sessionfleet-router"]["spec"]["ingress"][0]["ports"][0]["port"] == "http"
+    epp_monitor = monitors["rel-sessionfleet-epp"]["spec"]
+    assert epp_monitor["endpoints"][0]["port"] == "metrics"
+    assert epp_monitor["selector"]["matchLabels"] == EPP_SELECTOR
+    assert epp_monitor["namespaceSelector"] == {"matchNames": ["sf"]}
+    epp_policy = policies["rel-sessionfleet-epp"]["spec"]
+    assert epp_policy["podSelector"]["matchLabels"] == EPP_SELECTOR
+    assert epp_policy["ingress"] == [
+        {"ports": [{"port": "grpc", "protocol": "TCP"}]},
+        {"ports": [{"port": "metrics", "protocol": "TCP"}]},
+    ]
 
     (drain,) = by_kind(objects, "DrainPolicy").values()
     assert drain["metadata"]["namespace"] == "sf"

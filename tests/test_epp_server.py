@@ -13,6 +13,7 @@ from typing import Any
 import grpc
 import pytest
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+from epp_client import Envoy, Upstream
 from epp_fakes import (
     MODES,
     chat_body,
@@ -306,3 +307,30 @@ async def test_new_session_is_recorded_in_the_background_with_the_choice_as_hint
     finally:
         await bed.channel.close()
         await server.stop(None)
+
+
+@pytest.mark.parametrize("mode", [MODES.FULL_DUPLEX_STREAMED, MODES.BUFFERED])
+async def test_the_envoy_replay_client_counts_the_turn_in_flight_until_the_stream_ends(
+    bed: Bed, mode: int
+) -> None:
+    """The shared client (tests/epp_client.py, also used by e2e/test_epp.py) in both modes.
+
+    While the upstream answers, the session's turn is in flight (the migration
+    handshake acknowledges only without one); the stream's end clears it.
+    """
+    seen: list[tuple[str, dict[str, str], bytes, int]] = []
+
+    async def forward(endpoint: str, headers: dict[str, str], body: bytes) -> Upstream:
+        seen.append((endpoint, headers, body, bed.processor.session_turns[NAME]))
+        return Upstream(200, {"content-type": "text/event-stream"}, sse_chunks())
+
+    bed.processor.turn_ended.clear()
+    turn = await Envoy(bed.channel).turn(SID, chat_body(), forward, mode=mode, chunk=40)
+    assert turn.destination == ["10.0.0.2:8000"] and turn.immediate is None
+    ((endpoint, headers, body, in_flight),) = seen
+    assert (endpoint, body, in_flight) == ("10.0.0.2:8000", chat_body(), 1)
+    assert headers["x-sessionfleet-session-id"] == "task-42"
+    assert turn.body == b"".join(sse_chunks())
+    assert bed.processor.session_turns[NAME] == 0 and bed.processor.turn_ended.is_set()
+    pending = bed.processor.ledger.pending(NAME)
+    assert pending is not None and pending.turns == 1

@@ -1,7 +1,8 @@
 """Every GitOps manifest shipped in examples/ and deploy/ is valid.
 
 tests/test_examples.py covers the top level of examples/; this covers the folders
-below it (the platform DrainPolicies) and the kustomize and Argo CD files, whose
+below it (the platform DrainPolicies; the gateway examples, against the operator's
+worker pods) and the kustomize and Argo CD files, whose
 rendering with helm and kubectl is checked in e2e/test_chart.py.
 """
 
@@ -24,10 +25,13 @@ def documents(path: Path) -> list[dict[str, Any]]:
     return [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
 
 
+# examples/gateway/ holds Gateway API and GAIE kinds, not sessionfleet's: checked below.
+GATEWAY = EXAMPLES / "gateway"
 NESTED_EXAMPLES = sorted(
     path
     for path in EXAMPLES.rglob("*.yaml")
-    if path.parent != EXAMPLES and "invalid" not in path.relative_to(EXAMPLES).parts
+    if path.parent != EXAMPLES
+    and not {"invalid", "gateway"} & set(path.relative_to(EXAMPLES).parts)
 )
 
 
@@ -74,6 +78,44 @@ def test_spot_policy_migrates_at_once_inside_two_minutes() -> None:
     assert spec.mode.value == "Migrate"
     assert parse_duration(spec.deadline).total_seconds() < 120
     assert spec.checkpoint
+
+
+def gateway_example(name: str, kind: str) -> dict[str, Any]:
+    (doc,) = [doc for doc in documents(GATEWAY / name) if doc["kind"] == kind]
+    return doc
+
+
+def test_inference_pool_selects_the_pods_the_operator_makes_on_the_engine_port() -> None:
+    from sessionfleet.api import InferenceWorker
+    from sessionfleet.resources.pods import build_pod
+
+    pool = gateway_example("inferencepool.yaml", "InferencePool")
+    assert pool["apiVersion"] == "inference.networking.k8s.io/v1"
+    (worker_doc,) = documents(EXAMPLES / "inferenceworker.yaml")
+    result = parse(InferenceWorker, worker_doc)
+    assert result.ok and isinstance(result.obj, InferenceWorker), result.message
+    pod = build_pod(result.obj, epoch=3)
+    selector = pool["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= pod["metadata"]["labels"].items()
+    (engine,) = pod["spec"]["containers"]
+    assert pool["spec"]["targetPorts"] == [{"number": engine["ports"][0]["containerPort"]}]
+    ref = pool["spec"]["endpointPickerRef"]
+    assert ref["failureMode"] == "FailClose"
+    assert ref.get("kind", "Service") == "Service" and "namespace" not in ref
+
+
+def test_http_route_sends_to_the_inference_pool() -> None:
+    pool = gateway_example("inferencepool.yaml", "InferencePool")
+    route = gateway_example("httproute.yaml", "HTTPRoute")
+    assert route["apiVersion"] == "gateway.networking.k8s.io/v1"
+    backends = [ref for rule in route["spec"]["rules"] for ref in rule["backendRefs"]]
+    assert backends == [
+        {
+            "group": "inference.networking.k8s.io",
+            "kind": "InferencePool",
+            "name": pool["metadata"]["name"],
+        }
+    ]
 
 
 def test_kustomize_files_are_kubernetes_objects() -> None:

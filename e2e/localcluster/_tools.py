@@ -45,7 +45,7 @@ def tools_root() -> Path:
 
 @dataclass(frozen=True)
 class Tools:
-    """Paths of the built tools: binaries under ``bin/`` and KWOK's Stage YAMLs."""
+    """Paths of the built tools: binaries under ``bin/``, KWOK's Stage YAMLs, GAIE's CRDs."""
 
     root: Path
 
@@ -58,6 +58,15 @@ class Tools:
     def stages_dir(self) -> Path:
         """Directory holding KWOK's shipped Stage YAMLs (``node/...``, ``pod/...``)."""
         return self.root / "kwok-stages"
+
+    @property
+    def gaie_crds_dir(self) -> Path:
+        """The Gateway API Inference Extension's CRDs (InferencePool), from its Go module.
+
+        Copied from ``config/crd/bases/`` of the release pinned in
+        ``e2e/tools/gaie/go.mod``; ``VERSION`` beside them names it.
+        """
+        return self.root / "gaie-crds"
 
     def binary(self, name: str) -> Path:
         """Return the path of one binary (see ``BINARIES``)."""
@@ -89,6 +98,8 @@ def find_tools() -> Tools:
     missing = [name for name in BINARIES if not os.access(tools.binary(name), os.X_OK)]
     if not (tools.stages_dir / "pod").is_dir():
         missing.append("kwok-stages")
+    if not (tools.gaie_crds_dir / "VERSION").is_file():
+        missing.append("gaie-crds")
     if missing:
         raise ToolsMissingError(
             f"e2e tools missing from {tools.root}: {', '.join(missing)}; "

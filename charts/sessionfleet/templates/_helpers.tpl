@@ -103,6 +103,15 @@ operator.leaderElection.leaseName, or `<fullname>-operator`.
 {{- default .Release.Namespace .Values.router.namespace }}
 {{- end }}
 
+{{/*
+The namespace the Endpoint Picker serves, where all its objects live: an InferencePool
+names its Endpoint Picker's Service in its own namespace only. epp.namespace, else the
+router's namespace (router.namespace, else the release namespace).
+*/}}
+{{- define "sessionfleet.eppNamespace" -}}
+{{- default (include "sessionfleet.routerNamespace" .) .Values.epp.namespace }}
+{{- end }}
+
 {{/* The namespace of the default DrainPolicy. */}}
 {{- define "sessionfleet.drainPolicyNamespace" -}}
 {{- default (include "sessionfleet.routerNamespace" .) .Values.defaultDrainPolicy.namespace }}

@@ -23,6 +23,7 @@ import asyncio
 import logging
 import signal
 import time
+from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -36,6 +37,7 @@ from sessionfleet.epp.protocol import Exchange, ExchangeSettings, TurnOutcome
 from sessionfleet.kube import Kube
 from sessionfleet.router.bindings import BindingTable
 from sessionfleet.router.errors import RouterError
+from sessionfleet.router.handshake import Acknowledger, LeaseKeeper
 from sessionfleet.router.kubesync import Flusher, SessionCreator, watch_sessions, watch_workers
 from sessionfleet.router.ledger import UsageLedger, turn_totals
 from sessionfleet.router.metrics import RouterMetrics
@@ -83,6 +85,9 @@ class Processor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         self.metrics = metrics
         self.creator = creator
         self.flusher = flusher
+        self.session_turns: Counter[str] = Counter()
+        """Turns in flight per AgentSession name, for the migration handshake."""
+        self.turn_ended = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def Process(  # the gRPC method's name
@@ -100,6 +105,8 @@ class Processor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                 if exchange.route is not None and counted is None:
                     counted = exchange.route
                     counted.workers[0].in_flight += 1
+                    if counted.session is not None:
+                        self.session_turns[counted.session] += 1
                     if counted.new is not None and counted.session is not None:
                         self._create(counted.session, counted.new)
                 for answer in answers:
@@ -110,6 +117,11 @@ class Processor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
             self.metrics.in_flight.dec()
             if counted is not None:
                 counted.workers[0].in_flight -= 1
+                if counted.session is not None:
+                    self.session_turns[counted.session] -= 1
+                    if self.session_turns[counted.session] <= 0:
+                        del self.session_turns[counted.session]
+                    self.turn_ended.set()
             self._account(exchange, counted)
 
     async def _hold(self, exchange: Exchange) -> list[Any]:
@@ -238,6 +250,20 @@ async def serve(kube: Kube, settings: EppSettings, host: str, port: int, metrics
     supervisor.start("session watch", watch_sessions(kube, settings.namespace, table, ledger))
     supervisor.start("usage flusher", flusher.run())
     supervisor.start("health", health_service.run())
+    # The turn-boundary handshake, as a router replica takes part in it: a live Lease
+    # makes the operator wait for this replica's acknowledgement before it moves a
+    # session, and the acknowledgement is written once no turn of it is in flight here.
+    lease = LeaseKeeper(kube, settings.namespace, settings.replica)
+    acknowledger = Acknowledger(
+        kube,
+        settings.namespace,
+        settings.replica,
+        table,
+        processor.session_turns,
+        processor.turn_ended,
+    )
+    supervisor.start("lease keeper", lease.run())
+    supervisor.start("migration acknowledger", acknowledger.run())
     await server.start()
     logger.info("EPP %s serving ext_proc on %s:%d", settings.replica, host, bound)
     loop = asyncio.get_running_loop()
@@ -254,6 +280,7 @@ async def serve(kube: Kube, settings: EppSettings, host: str, port: int, metrics
                 await flusher.flush_all()
         except TimeoutError:
             logger.warning("usage of %d sessions was not written", len(ledger))
+        await lease.release()
         await kube.aclose()
     if failure is not None:
         logger.error("exiting: %s", failure)

@@ -1,0 +1,451 @@
+"""``sessionfleet epp`` on the real control plane, with the GAIE CRDs and real engines.
+
+The InferencePool CRD is the Gateway API Inference Extension's own (the release pinned
+in ``e2e/tools/gaie/go.mod``, copied from its Go module by ``e2e/build-tools.sh``). No
+gateway runs here: :class:`tests.epp_client.Envoy` plays Envoy's ext_proc filter against
+a real ``sessionfleet epp`` process, sends each turn to the engine the EPP named (a
+simulated engine behind a backed pod, ``ip:port``) over HTTP, and feeds the engine's
+real response back to the EPP, so the endpoint served and the usage are real.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import httpx
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from e2e.helpers import Kubectl, wait_until
+from e2e.localcluster import LocalCluster, find_tools
+from e2e.operator import (
+    SESSIONFLEET,
+    Custom,
+    OperatorProcess,
+    Process,
+    bound_to,
+    drain_policy,
+    free_port,
+    on_own_nodes,
+    ready_workers,
+    sim_worker,
+    wait_for,
+    worker_pods,
+)
+from sessionfleet.resources.names import session_object_name
+from tests.epp_client import MODES, Envoy, Turn, Upstream
+
+pytestmark = pytest.mark.timeout(240)
+
+POOL_GROUP, POOL_VERSION, POOLS = "inference.networking.k8s.io", "v1", "inferencepools"
+EPP_SERVICE = "sessionfleet-epp"
+EPP_REPLICA = "epp-e2e"
+SYSTEM = "You are a coding agent working in a large repository. " * 40
+HOP_BY_HOP = {"connection", "transfer-encoding", "keep-alive"}
+
+
+# --- the GAIE CRDs and an InferencePool ------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def gaie_crds(kubectl: Kubectl) -> str:
+    """GAIE's CRDs from the pinned release, applied and Established; returns the version."""
+    crds = find_tools().gaie_crds_dir
+    # Server-side and forced: every xdist worker applies the same objects.
+    kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crds))
+    kubectl(
+        "wait",
+        "--for=condition=Established",
+        f"crd/{POOLS}.{POOL_GROUP}",
+        "--timeout=60s",
+    )
+    return (crds / "VERSION").read_text().strip()
+
+
+def inference_pool(name: str, port: int, **spec: Any) -> dict[str, Any]:
+    """An InferencePool over the workers' pods of model m, picked by the EPP's Service."""
+    return {
+        "apiVersion": f"{POOL_GROUP}/{POOL_VERSION}",
+        "kind": "InferencePool",
+        "metadata": {"name": name},
+        "spec": {
+            "selector": {
+                "matchLabels": {
+                    "app.kubernetes.io/managed-by": "sessionfleet",
+                    "sessionfleet.dev/model": "m",
+                }
+            },
+            "targetPorts": [{"number": port}],
+            "endpointPickerRef": {
+                "name": EPP_SERVICE,
+                "port": {"number": 9002},
+                "failureMode": "FailClose",
+            },
+            **spec,
+        },
+    }
+
+
+def create_pool(api: Any, core: Any, namespace: str, engine_port: int) -> dict[str, Any]:
+    """The EPP's Service (it routes nowhere here) and an InferencePool pointing at it."""
+    core.create_namespaced_service(
+        namespace,
+        {
+            "metadata": {"name": EPP_SERVICE},
+            "spec": {
+                "selector": {"app.kubernetes.io/name": "sessionfleet-epp"},
+                "ports": [{"name": "grpc", "port": 9002, "appProtocol": "http2"}],
+            },
+        },
+    )
+    custom = client.CustomObjectsApi(api)
+    pool = custom.create_namespaced_custom_object(
+        POOL_GROUP, POOL_VERSION, namespace, POOLS, inference_pool("agents", engine_port)
+    )
+    # The real CRD's schema is enforced: a pool without targetPorts is refused.
+    broken = inference_pool("broken", engine_port)
+    del broken["spec"]["targetPorts"]
+    with pytest.raises(ApiException) as refused:
+        custom.create_namespaced_custom_object(POOL_GROUP, POOL_VERSION, namespace, POOLS, broken)
+    assert refused.value.status == 422 and "targetPorts" in str(refused.value.body)
+    return pool  # type: ignore[no-any-return]
+
+
+# --- the EPP process --------------------------------------------------------------------
+
+
+def health(port: int, service: str) -> int:
+    """The gRPC health status of one service of the EPP."""
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=2)
+        return int(reply.status)
+
+
+@pytest.fixture
+def epp(cluster: LocalCluster, namespace: str, tmp_path: Path) -> Iterator[int]:
+    """``sessionfleet epp`` for the namespace, once its readiness is SERVING; its port."""
+    port = free_port()
+    process = Process(
+        [
+            str(SESSIONFLEET),
+            "epp",
+            "--host=127.0.0.1",
+            f"--port={port}",
+            "--metrics-port=0",
+            f"--namespace={namespace}",
+            f"--kubeconfig={cluster.kubeconfig}",
+            f"--replica={EPP_REPLICA}",
+            "--flush-interval=1",
+            "--retry-after=2",
+        ],
+        tmp_path / "epp.log",
+    )
+
+    def ready() -> bool:
+        if process.popen.poll() is not None:
+            raise AssertionError(f"the EPP exited:\n{process.log_tail()}")
+        try:
+            return health(port, "readiness") == health_pb2.HealthCheckResponse.SERVING
+        except grpc.RpcError:
+            return False
+
+    try:
+        wait_until(ready, timeout=30, what="the EPP's gRPC readiness")
+        yield port
+    finally:
+        assert process.stop() == 0, process.log_tail()
+
+
+# --- turns through the EPP to the engines ----------------------------------------------
+
+
+async def forward(endpoint: str, headers: dict[str, str], body: bytes) -> Upstream:
+    """Send the request to ``ip:port`` as Envoy would, keeping the response's chunks."""
+    async with (
+        httpx.AsyncClient(timeout=30) as http,
+        http.stream(
+            "POST", f"http://{endpoint}/v1/chat/completions", headers=headers, content=body
+        ) as response,
+    ):
+        chunks = [chunk async for chunk in response.aiter_raw()]
+        kept = {k: v for k, v in response.headers.items() if k.lower() not in HOP_BY_HOP}
+        return Upstream(response.status_code, kept, chunks)
+
+
+class Agent:
+    """One agent session talking through the EPP; its history grows with each turn."""
+
+    def __init__(self, envoy: Envoy, session_id: str) -> None:
+        self.envoy = envoy
+        self.session_id = session_id
+        self.history = [{"role": "system", "content": SYSTEM}]
+
+    async def turn(
+        self, text: str, *, mode: int = MODES.FULL_DUPLEX_STREAMED, **kwargs: Any
+    ) -> Turn:
+        messages = [*self.history, {"role": "user", "content": text}]
+        stream = mode == MODES.FULL_DUPLEX_STREAMED
+        body: dict[str, Any] = {"model": "m", "messages": messages, "max_tokens": 8}
+        if stream:
+            body |= {"stream": True, "stream_options": {"include_usage": True}}
+        turn = await self.envoy.turn(
+            {"x-session-id": self.session_id},
+            json.dumps(body).encode(),
+            forward,
+            mode=mode,
+            **kwargs,
+        )
+        if turn.upstream is not None:
+            assert turn.upstream.status == 200, turn.body
+            self.history += [{"role": "user", "content": text}, reply_of(turn, stream)]
+        return turn
+
+
+def reply_of(turn: Turn, stream: bool) -> dict[str, str]:
+    if not stream:
+        return dict(turn.json["choices"][0]["message"])
+    text = ""
+    for line in turn.body.decode().splitlines():
+        if line.startswith("data: {"):
+            for choice in json.loads(line[6:]).get("choices") or ():
+                text += (choice.get("delta") or {}).get("content") or ""
+    return {"role": "assistant", "content": text}
+
+
+def endpoints(crs: Custom) -> dict[str, str]:
+    """Each worker's engine as the protocol names endpoints: ``ip:port``."""
+    return {
+        w["metadata"]["name"]: w["status"]["endpoint"].removeprefix("http://")
+        for w in crs.list("inferenceworkers")
+    }
+
+
+def checkpointed_worker(name: str, storage: Path) -> dict[str, Any]:
+    return sim_worker(name, checkpoint={"driver": "engine", "storage": {"path": str(storage)}})
+
+
+def held(turn: Turn) -> None:
+    """The EPP answered the turn itself: 503 session_held, with Retry-After."""
+    assert turn.immediate is not None, turn.destination
+    status, headers, body = turn.immediate
+    assert (status, body["error"]["code"]) == (503, "session_held"), turn.immediate
+    assert headers["retry-after"] == "2" and headers["x-sessionfleet-reason"] == "session_held"
+
+
+async def poll(check: Any, *, timeout: float, what: str, operator: OperatorProcess) -> None:
+    """``wait_for`` off the event loop, so the EPP's streams held open keep going."""
+    await asyncio.to_thread(wait_for, operator, check, timeout=timeout, what=what)
+
+
+# --- the tests --------------------------------------------------------------------------
+
+
+async def test_the_epp_routes_places_and_accounts_sessions_in_both_body_modes(
+    gaie_crds: str,
+    operator: OperatorProcess,
+    crs: Custom,
+    api: Any,
+    core: Any,
+    namespace: str,
+    own_nodes: list[str],
+    epp: int,
+) -> None:
+    assert gaie_crds.startswith("v1.")
+    crs.create(on_own_nodes(sim_worker("src"), namespace, own_nodes[0]))
+    crs.create(on_own_nodes(sim_worker("dst"), namespace, own_nodes[1]))
+    ready_workers(crs, 2, operator)
+    where = endpoints(crs)
+    port = int(where["src"].rsplit(":", 1)[1])
+    pool = create_pool(api, core, namespace, port)
+    assert pool["spec"]["endpointPickerRef"]["kind"] == "Service"  # the CRD's default
+    selector = ",".join(f"{k}={v}" for k, v in pool["spec"]["selector"]["matchLabels"].items())
+    pods = core.list_namespaced_pod(namespace, label_selector=selector).items
+    assert sorted(f"{p.status.pod_ip}:{port}" for p in pods) == sorted(where.values())
+
+    serving = health_pb2.HealthCheckResponse.SERVING
+    for service in ("liveness", "readiness", "envoy.service.ext_proc.v3.ExternalProcessor"):
+        assert health(epp, service) == serving
+
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{epp}") as channel:
+        envoy = Envoy(channel)
+        # A hint naming only dst's endpoint: the new session is placed there.
+        agent = Agent(envoy, "agent-1")
+        first = await agent.turn("start", subset=[where["dst"]])
+        assert first.destination == [where["dst"]]
+        assert first.mutations["x-sessionfleet-session-id"] == "agent-1"
+        name = session_object_name("agent-1")
+        wait_for(
+            operator,
+            lambda: crs.status("agentsessions", name).get("phase") == "Bound",
+            timeout=30,
+            what="the new session recorded and Bound",
+        )
+        recorded = crs.get("agentsessions", name)
+        assert recorded["spec"]["workerHint"] == "dst"
+        assert recorded["status"]["worker"] == "dst"
+
+        # Every turn of the session picks its worker, whatever the body mode; the
+        # engine's prefix cache shows the turns really landed on one engine.
+        for step, mode in enumerate([MODES.FULL_DUPLEX_STREAMED, MODES.BUFFERED] * 2):
+            turn = await agent.turn(f"step {step}", mode=mode)
+            assert turn.destination == [where["dst"]], (step, mode)
+        usage = turn.json["usage"]
+        assert usage["prompt_tokens_details"]["cached_tokens"] > 0.8 * usage["prompt_tokens"]
+
+        # A hint that leaves out the session's worker: 503, never another worker.
+        outside = await agent.turn("elsewhere?", subset=[where["src"]])
+        assert outside.immediate is not None and outside.immediate[0] == 503
+        assert outside.immediate[2]["error"]["code"] == "no_ready_worker"
+        # An empty hint: 503.
+        empty = await agent.turn("nowhere", subset=[])
+        assert empty.immediate is not None and empty.immediate[0] == 503
+
+        # A second new session without a hint: placed by the placement function, with
+        # fallbacks after it (two workers: one more).
+        other = Agent(envoy, "agent-2")
+        placed = await other.turn("hello", mode=MODES.BUFFERED)
+        assert sorted(placed.destination) == sorted(where.values())
+        chosen = {v: k for k, v in where.items()}[placed.destination[0]]
+        wait_for(
+            operator,
+            lambda: bound_to(crs).get(session_object_name("agent-2")) == chosen,
+            timeout=30,
+            what="agent-2 Bound to the worker the EPP chose",
+        )
+
+    # Usage from the response bodies reaches the session's status (5 turns served).
+    wait_for(
+        operator,
+        lambda: crs.status("agentsessions", name).get("turns") == 5,
+        timeout=15,
+        what="5 turns in agent-1's status",
+    )
+    status = crs.status("agentsessions", name)
+    assert status["promptTokens"] >= 5 * usage["prompt_tokens"] // 2
+    assert status["cachedTokens"] > 0
+
+
+async def test_the_epp_holds_a_session_while_it_migrates_and_while_its_worker_restores(
+    gaie_crds: str,
+    operator: OperatorProcess,
+    crs: Custom,
+    api: Any,
+    core: Any,
+    namespace: str,
+    own_nodes: list[str],
+    kubectl: Kubectl,
+    epp: int,
+    tmp_path: Path,
+) -> None:
+    crs.create(drain_policy("move", mode="Migrate", deadline="5m"))
+    crs.create(on_own_nodes(checkpointed_worker("src", tmp_path), namespace, own_nodes[0]))
+    crs.create(on_own_nodes(checkpointed_worker("dst", tmp_path), namespace, own_nodes[1]))
+    ready_workers(crs, 2, operator)
+    where = endpoints(crs)
+    create_pool(api, core, namespace, int(where["src"].rsplit(":", 1)[1]))
+    name = session_object_name("agent")
+    coordination = client.CoordinationV1Api(api)
+    # The EPP takes part in the turn-boundary handshake as a router replica does.
+    leases = lambda: {  # noqa: E731
+        lease.metadata.name: lease.metadata.labels
+        for lease in coordination.list_namespaced_lease(namespace).items
+    }
+    wait_until(lambda: f"router-{EPP_REPLICA}" in leases(), timeout=15, what="the EPP's Lease")
+    assert leases()[f"router-{EPP_REPLICA}"]["sessionfleet.dev/component"] == "router"
+
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{epp}") as channel:
+        agent = Agent(Envoy(channel, timeout=30), "agent")
+        first = await agent.turn("start", subset=[where["src"]])
+        assert first.destination == [where["src"]]
+        await poll(
+            lambda: bound_to(crs) == {name: "src"},
+            timeout=30,
+            what="bound to src",
+            operator=operator,
+        )
+        for step in range(3):
+            assert (await agent.turn(f"step {step}")).destination == [where["src"]]
+
+        # A turn in flight through the EPP when the drain starts: the EPP does not
+        # acknowledge until it ends, so the session stays on src meanwhile.
+        release = asyncio.Event()
+        decided = asyncio.Event()
+
+        async def slow(endpoint: str, headers: dict[str, str], body: bytes) -> Upstream:
+            decided.set()
+            await release.wait()
+            return await forward(endpoint, headers, body)
+
+        envoy = agent.envoy
+        body = json.dumps({"model": "m", "messages": agent.history, "max_tokens": 8}).encode()
+        in_flight = asyncio.ensure_future(
+            envoy.turn({"x-session-id": "agent"}, body, slow, mode=MODES.BUFFERED)
+        )
+        await asyncio.wait_for(decided.wait(), 10)
+        kubectl("cordon", own_nodes[0])
+        await poll(
+            lambda: crs.status("agentsessions", name).get("phase") == "Migrating",
+            timeout=30,
+            what="the session Migrating",
+            operator=operator,
+        )
+        held(await agent.turn("while Migrating"))
+        await asyncio.sleep(3)
+        annotations = crs.get("agentsessions", name)["metadata"].get("annotations") or {}
+        assert f"ack.sessionfleet.dev/{EPP_REPLICA}" not in annotations
+        assert bound_to(crs) == {name: "src"}, "no move while the EPP has a turn in flight"
+        held(await agent.turn("still Migrating"))
+
+        release.set()
+        finished = await asyncio.wait_for(in_flight, 30)
+        assert finished.destination == [where["src"]] and finished.upstream is not None
+        await poll(
+            lambda: bound_to(crs) == {name: "dst"},
+            timeout=60,
+            what="the session moved once the EPP acknowledged",
+            operator=operator,
+        )
+        annotations = crs.get("agentsessions", name)["metadata"].get("annotations") or {}
+        assert f"ack.sessionfleet.dev/{EPP_REPLICA}" in annotations
+        moved = await agent.turn("on dst now")
+        assert moved.destination == [where["dst"]]
+        usage = json.loads(moved.body.decode().split("data: ")[-2])["usage"]
+        assert usage["prompt_tokens_details"]["cached_tokens"] > 0.5 * usage["prompt_tokens"]
+
+        # dst's pod goes away while its node takes no new pod: the session is Restoring
+        # and the EPP answers 503 session_held at once (docs/epp.md, "Held sessions").
+        epoch = crs.status("inferenceworkers", "dst")["epoch"]
+        hold = {"key": "e2e.sessionfleet.dev/hold", "value": "x", "effect": "NoSchedule"}
+        node = core.read_node(own_nodes[1])
+        taints = core.api_client.sanitize_for_serialization(node.spec.taints or [])
+        core.patch_node(own_nodes[1], {"spec": {"taints": [*taints, hold]}})
+        (pod,) = worker_pods(core, namespace, "dst")
+        core.delete_namespaced_pod(pod.metadata.name, namespace, grace_period_seconds=0)
+        await poll(
+            lambda: crs.status("agentsessions", name).get("phase") == "Restoring",
+            timeout=30,
+            what="the session Restoring",
+            operator=operator,
+        )
+        held(await agent.turn("while Restoring"))
+        core.patch_node(own_nodes[1], {"spec": {"taints": taints}})
+        await poll(
+            lambda: (
+                crs.status("agentsessions", name).get("phase") == "Bound"
+                and crs.status("inferenceworkers", "dst").get("epoch", 0) > epoch
+            ),
+            timeout=60,
+            what="dst's next epoch Ready and the session Bound again",
+            operator=operator,
+        )
+        restored = endpoints(crs)["dst"]
+        back = await agent.turn("after the restore")
+        assert back.destination == [restored]

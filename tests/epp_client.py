@@ -1,0 +1,295 @@
+"""An ext_proc v3 client that plays Envoy's part against an Endpoint Picker.
+
+Shared by the unit tests (``tests/test_epp_server.py``, against an in-process server)
+and the e2e test (``e2e/test_epp.py``, against a ``sessionfleet epp`` process). It
+imports only the Envoy protos, gRPC and protobuf, so both can import it: the unit tests
+as ``epp_client``, the e2e suite as ``tests.epp_client``.
+
+The messages and their order follow what Envoy's ext_proc filter sends for an HTTP
+request to an ``InferencePool`` under the Gateway API Inference Extension's Endpoint
+Picker protocol (v1.0.0, ``docs/proposals/004-endpoint-picker-protocol/README.md`` in
+kubernetes-sigs/gateway-api-inference-extension):
+
+1. ``request_headers`` (``:method``, ``:path``, ``:authority``, ``:scheme``,
+   ``content-type``, the client's headers), with ``protocol_config`` naming the body
+   modes on this first message, and the endpoint subset hint, if any, in
+   ``metadata_context.filter_metadata["envoy.lb.subset_hint"]``;
+2. the request body: in ``FULL_DUPLEX_STREAMED`` chunk after chunk without waiting for
+   answers, ``end_of_stream`` on the last (the EPP answers the headers, with the
+   destination, then each chunk back as ``streamed_response``); in ``BUFFERED``, after
+   the headers' answer, the whole body in one message (answered with the destination);
+3. the request goes to the primary endpoint of ``x-gateway-destination-endpoint``
+   (``ip:port``) with the EPP's header mutations applied, and the body Envoy holds: the
+   chunks the EPP streamed back in ``FULL_DUPLEX_STREAMED``, the original in ``BUFFERED``;
+4. ``response_headers`` from the upstream, with the endpoint that served the request in
+   ``metadata_context.filter_metadata["envoy.lb"]["x-gateway-destination-endpoint-served"]``;
+5. the response body as it arrives (``FULL_DUPLEX_STREAMED``: chunk by chunk, each
+   echoed back by the EPP; ``BUFFERED``: once, whole), ``end_of_stream`` on the last;
+6. the end of the stream (half-close); the EPP ends the call.
+
+An ``ImmediateResponse`` at any point ends the exchange: Envoy answers the client with
+it and sends nothing more.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+from envoy.config.core.v3 import base_pb2
+from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+from google.protobuf import struct_pb2
+
+MODES = processing_mode_pb2.ProcessingMode
+DESTINATION = "x-gateway-destination-endpoint"
+SERVED = "x-gateway-destination-endpoint-served"
+SUBSET = "x-gateway-destination-endpoint-subset"
+
+
+# --- messages, as Envoy builds them ---------------------------------------------------
+
+
+def _header_map(headers: dict[str, str]) -> Any:
+    return base_pb2.HeaderMap(
+        headers=[base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in headers.items()]
+    )
+
+
+def request_headers(
+    headers: dict[str, str],
+    *,
+    end: bool = False,
+    subset: list[str] | None = None,
+    mode: int | None = None,
+    response_mode: int | None = None,
+) -> Any:
+    message = pb.ProcessingRequest(
+        request_headers=pb.HttpHeaders(
+            headers=_header_map({":method": "POST", ":path": "/v1/chat/completions", **headers}),
+            end_of_stream=end,
+        )
+    )
+    if subset is not None:
+        hint = struct_pb2.Struct()
+        hint.update({SUBSET: subset})
+        message.metadata_context.filter_metadata["envoy.lb.subset_hint"].CopyFrom(hint)
+    if mode is not None:
+        message.protocol_config.CopyFrom(
+            pb.ProtocolConfiguration(
+                request_body_mode=mode,
+                response_body_mode=response_mode if response_mode is not None else mode,
+            )
+        )
+    return message
+
+
+def request_body(data: bytes, end: bool) -> Any:
+    return pb.ProcessingRequest(request_body=pb.HttpBody(body=data, end_of_stream=end))
+
+
+def response_headers(
+    status: int = 200,
+    *,
+    served: str | None = None,
+    served_header: str | None = None,
+    event_stream: bool = False,
+    end: bool = False,
+    headers: dict[str, str] | None = None,
+) -> Any:
+    """Response headers; ``headers`` (the upstream's own) replace the made-up ones."""
+    if headers is None:
+        headers = {"content-type": "text/event-stream" if event_stream else "application/json"}
+    headers = {":status": str(status), **headers}
+    if served_header:
+        headers[SERVED] = served_header
+    message = pb.ProcessingRequest(
+        response_headers=pb.HttpHeaders(headers=_header_map(headers), end_of_stream=end)
+    )
+    if served is not None:
+        lb = struct_pb2.Struct()
+        lb.update({SERVED: served})
+        message.metadata_context.filter_metadata["envoy.lb"].CopyFrom(lb)
+    return message
+
+
+def response_body(data: bytes, end: bool) -> Any:
+    return pb.ProcessingRequest(response_body=pb.HttpBody(body=data, end_of_stream=end))
+
+
+# --- reading the EPP's answers ----------------------------------------------------------
+
+
+def set_headers(common: Any) -> dict[str, str]:
+    return {o.header.key: o.header.raw_value.decode() for o in common.header_mutation.set_headers}
+
+
+def destination_of(answer: Any) -> tuple[str, str]:
+    """Return (header value, dynamic metadata value) of a deciding answer."""
+    kind = answer.WhichOneof("response")
+    common = getattr(answer, kind).response
+    header = set_headers(common)[DESTINATION]
+    metadata = answer.dynamic_metadata.fields["envoy.lb"].struct_value.fields
+    return header, metadata[DESTINATION].string_value
+
+
+def immediate_of(answer: Any) -> tuple[int, dict[str, str], dict[str, Any]]:
+    """Return (status, headers, JSON body) of an ImmediateResponse."""
+    assert answer.WhichOneof("response") == "immediate_response"
+    response = answer.immediate_response
+    headers = {o.header.key: o.header.raw_value.decode() for o in response.headers.set_headers}
+    return response.status.code, headers, json.loads(response.body)
+
+
+def streamed_body(answer: Any, kind: str) -> bytes:
+    """The chunk a ``FULL_DUPLEX_STREAMED`` body answer sends on (``request_body``/…)."""
+    assert answer.WhichOneof("response") == kind, answer
+    return bytes(getattr(answer, kind).response.body_mutation.streamed_response.body)
+
+
+# --- one request, end to end ------------------------------------------------------------
+
+
+@dataclass
+class Upstream:
+    """What the endpoint answered: status, headers and the body in its chunks."""
+
+    status: int
+    headers: dict[str, str]
+    chunks: list[bytes]
+
+
+Forward = Callable[[str, dict[str, str], bytes], Awaitable[Upstream]]
+"""Sends (endpoint ``ip:port``, request headers, body) upstream, as Envoy would."""
+
+
+@dataclass
+class Turn:
+    """How one request went through the EPP."""
+
+    destination: list[str] = field(default_factory=list)
+    """The endpoints the EPP chose, primary first; empty when it answered itself."""
+    mutations: dict[str, str] = field(default_factory=dict)
+    """The request headers the EPP set."""
+    immediate: tuple[int, dict[str, str], dict[str, Any]] | None = None
+    upstream: Upstream | None = None
+    body: bytes = b""
+    """The response body the client got (echoed by the EPP in ``FULL_DUPLEX_STREAMED``)."""
+
+    @property
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+class Envoy:
+    """Plays Envoy's ext_proc filter for one request per :meth:`turn`; see the module."""
+
+    def __init__(self, channel: grpc.aio.Channel, *, timeout: float = 10.0) -> None:
+        self.stub = pb_grpc.ExternalProcessorStub(channel)
+        self.timeout = timeout
+
+    async def _read(self, call: Any) -> Any:
+        answer = await asyncio.wait_for(call.read(), self.timeout)
+        assert answer is not grpc.aio.EOF, "the EPP ended the stream early"
+        return answer
+
+    async def turn(
+        self,
+        headers: dict[str, str],
+        body: bytes,
+        forward: Forward,
+        *,
+        mode: int = MODES.FULL_DUPLEX_STREAMED,
+        chunk: int = 64,
+        subset: list[str] | None = None,
+        authority: str = "gateway.local",
+    ) -> Turn:
+        """Send one request through the EPP and ``forward``; return what happened."""
+        call = self.stub.Process()
+        turn = Turn()
+        first = request_headers(
+            {
+                ":authority": authority,
+                ":scheme": "http",
+                "content-type": "application/json",
+                "content-length": str(len(body)),
+                **headers,
+            },
+            subset=subset,
+            mode=mode,
+            response_mode=mode,
+        )
+        await call.write(first)
+        if mode == MODES.FULL_DUPLEX_STREAMED:
+            pieces = [body[i : i + chunk] for i in range(0, len(body), chunk)] or [b""]
+            for i, piece in enumerate(pieces):
+                await call.write(request_body(piece, i == len(pieces) - 1))
+            answer = await self._read(call)
+            if self._ended(turn, answer):
+                return await self._close(call, turn)
+            assert answer.WhichOneof("response") == "request_headers", answer
+            self._decided(turn, answer)
+            sent = b"".join([streamed_body(await self._read(call), "request_body") for _ in pieces])
+        elif mode == MODES.BUFFERED:
+            answer = await self._read(call)
+            if self._ended(turn, answer):
+                return await self._close(call, turn)
+            assert answer.WhichOneof("response") == "request_headers", answer
+            await call.write(request_body(body, True))
+            answer = await self._read(call)
+            if self._ended(turn, answer):
+                return await self._close(call, turn)
+            assert answer.WhichOneof("response") == "request_body", answer
+            self._decided(turn, answer)
+            sent = body
+        else:
+            raise ValueError(f"body mode {mode} is not replayed here")
+
+        upstream_headers = {
+            k: v for k, v in headers.items() if not k.startswith(":") and k.lower() != "host"
+        }
+        upstream_headers.update(turn.mutations)
+        upstream_headers.pop(DESTINATION, None)
+        upstream_headers["content-type"] = "application/json"
+        upstream = await forward(turn.destination[0], upstream_headers, sent)
+        turn.upstream = upstream
+        await call.write(
+            response_headers(upstream.status, served=turn.destination[0], headers=upstream.headers)
+        )
+        answer = await self._read(call)
+        assert answer.WhichOneof("response") == "response_headers", answer
+        chunks = upstream.chunks or [b""]
+        if mode == MODES.FULL_DUPLEX_STREAMED:
+            for i, piece in enumerate(chunks):
+                await call.write(response_body(piece, i == len(chunks) - 1))
+                turn.body += streamed_body(await self._read(call), "response_body")
+        else:
+            await call.write(response_body(b"".join(chunks), True))
+            answer = await self._read(call)
+            assert answer.WhichOneof("response") == "response_body", answer
+            turn.body = b"".join(chunks)
+        return await self._close(call, turn)
+
+    def _ended(self, turn: Turn, answer: Any) -> bool:
+        if answer.WhichOneof("response") != "immediate_response":
+            return False
+        turn.immediate = immediate_of(answer)
+        return True
+
+    def _decided(self, turn: Turn, answer: Any) -> None:
+        header, metadata = destination_of(answer)
+        assert header == metadata, (header, metadata)  # the protocol: always the same value
+        turn.destination = header.split(",")
+        kind = answer.WhichOneof("response")
+        turn.mutations = set_headers(getattr(answer, kind).response)
+
+    async def _close(self, call: Any, turn: Turn) -> Turn:
+        await call.done_writing()
+        assert await asyncio.wait_for(call.read(), self.timeout) == grpc.aio.EOF
+        assert await call.code() == grpc.StatusCode.OK
+        return turn
