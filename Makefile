@@ -101,6 +101,15 @@ bench-operator: e2e-tools $(STAMP)
 bench-failover: e2e-tools $(STAMP)
 	$(PY) bench/operator/failover.py --out build/bench-failover.json $(BENCH_FAILOVER_ARGS)
 
+# The Endpoint Picker benchmark (bench/README.md, "Endpoint Picker"): decision time and EPP
+# CPU per decision for bound sessions' turns, open loop at 500 and 2,000 streams/s, against
+# a local cluster it starts and stops. Pass options through, e.g.
+#   BENCH_EPP_ARGS="--rates 200,1000 --exchanges decision --kubeconfig K"
+.PHONY: bench-epp
+BENCH_EPP_ARGS ?=
+bench-epp: e2e-tools $(STAMP)
+	$(PY) bench/epp/run.py --out build/bench-epp.json $(BENCH_EPP_ARGS)
+
 # The router's fuzz suite at scale (bench/README.md, "Fuzzing"): 100,000 random cases of
 # raw bytes, hostile headers and mutated bodies; make test runs 5,000 fixed ones.
 #   make bench-fuzz FUZZ_EXAMPLES=300000
