@@ -174,12 +174,13 @@ async def run(fleet: Fleet) -> None:
     log.info("indexes populated and leading; the fleet loop starts")
     while True:
         fleet.wakeup.clear()
-        try:
-            await reconcile_once(fleet, utcnow())
-        except Exception:  # the loop must outlive any one bad step
-            log.exception("fleet loop iteration failed")
-        fleet.loop_pass_at = time.monotonic()
-        metrics.LAST_PASS.set(time.time())
+        if fleet.leadership.leading:  # a deposed leader only waits for its exit
+            try:
+                await reconcile_once(fleet, utcnow())
+            except Exception:  # the loop must outlive any one bad step
+                log.exception("fleet loop iteration failed")
+            fleet.loop_pass_at = time.monotonic()
+            metrics.LAST_PASS.set(time.time())
         try:
             await asyncio.wait_for(fleet.wakeup.wait(), timeout=fleet.config.resync_seconds)
         except TimeoutError:
