@@ -19,6 +19,7 @@ from e2e.localcluster import LocalCluster
 from sessionfleet.kube import LEASES, SESSIONS, Conflict, Kube, KubeConfig, NotLeading
 from sessionfleet.leader import LeaderElector
 from sessionfleet.policy.leadership import ElectionTiming
+from sessionfleet.resources.times import rfc3339
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -88,6 +89,26 @@ async def test_a_released_lease_is_taken_within_a_retry_period(kube: Kube, names
     assert took - released < FAST.lease_duration.total_seconds()
     run_b.cancel()
     await asyncio.gather(run_b, return_exceptions=True)
+
+
+async def test_a_release_after_a_renewal_it_never_saw_answered_still_hands_over(
+    kube: Kube, namespace: str
+) -> None:
+    """Cancelled mid-renewal (SIGTERM), the leader's last renewal may have reached the API
+    server unseen: the release must not be refused for the version it changed."""
+    a = elector(kube, namespace, "a")
+    run_a = asyncio.create_task(a.run())
+    await wait_for(lambda: a.leading, 10)
+    run_a.cancel()
+    await asyncio.gather(run_a, return_exceptions=True)
+    # The renewal in flight when the task was cancelled, applied by the API server:
+    await kube.patch(
+        LEASES, "election", {"spec": {"renewTime": rfc3339(time.time(), micros=True)}}, namespace
+    )
+    await a.release()
+    lease = await kube.get(LEASES, "election", namespace)
+    assert not lease["spec"].get("holderIdentity"), lease["spec"]
+    assert lease["spec"]["leaseDurationSeconds"] == 1
 
 
 async def test_a_leader_that_cannot_renew_stops_writing_and_says_so(

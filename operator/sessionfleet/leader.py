@@ -216,15 +216,22 @@ class LeaderElector:
         return True
 
     async def release(self) -> None:
-        """Give the Lease up, if this process holds it, and stop writing at once."""
-        record: LeaseRecord | None = (
-            self._observation.record if self._observation is not None else None
-        )
+        """Give the Lease up, if this process holds it, and stop writing at once.
+
+        The Lease is read again first: the renewal that :meth:`run` was sending when it
+        was cancelled may have reached the API server, and a release conditional on the
+        version before it would be refused, leaving the standby to wait out the lease.
+        """
         was_leading = self.leading
         self._renewed_at = None  # the gate closes before the release is even sent
-        if not was_leading or record is None or record.holder != self.identity:
+        if not was_leading:
             return
         try:
+            record: LeaseRecord = lease_record(
+                await self.kube.get(LEASES, self.name, self.namespace)
+            )
+            if record.holder != self.identity:
+                return  # taken over already: nothing of ours to give up
             await self.kube.patch(
                 LEASES,
                 self.name,
