@@ -7,7 +7,7 @@
 #   kwok (+ its shipped Stage YAMLs)                                   sigs.k8s.io/kwok v0.8.0
 #   helm                                                               helm.sh/helm/v3 v3.22.0
 #   promtool                                                           github.com/prometheus/prometheus v0.316.0 (Prometheus 3.16.0)
-#   InferencePool CRDs (not built: YAML copied from the module)       sigs.k8s.io/gateway-api-inference-extension v1.1.0
+#   InferencePool CRDs (not built: YAML copied from the module)       sigs.k8s.io/gateway-api-inference-extension v1.5.0
 #
 # The versions live in the committed go.mod/go.sum files under e2e/tools/; this script
 # only decides what to (re)build. Output directory (printed at the end):
