@@ -263,7 +263,11 @@ class Scene:
         self.restarts = 0
         self._closing = threading.Event()
         self._kubelet = threading.Thread(target=self._restart_failed, daemon=True)
-        self._setup(nodes, policy, sessions, router_kubeconfig, worker_spec or {})
+        try:
+            self._setup(nodes, policy, sessions, router_kubeconfig, worker_spec or {})
+        except BaseException:
+            self.close()  # the test never gets the scene to close: leave no process behind
+            raise
         self._kubelet.start()
 
     def _restart_failed(self) -> None:
