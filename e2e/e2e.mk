@@ -3,6 +3,8 @@
 #
 #   make e2e-tools     build etcd, kube-apiserver, -controller-manager, -scheduler,
 #                      kubectl, KWOK, helm and promtool into ~/.cache/sessionfleet (cached)
+#   make e2e-vllm-tools  install vLLM's CPU build and a tiny local model into
+#                      ~/.cache/sessionfleet (cached; e2e/test_vllm.py runs the real engine)
 #   make cluster-up    start a cluster that stays up; prints `export KUBECONFIG=...`
 #   make cluster-down  stop it (logs stay in .e2e-state/logs)
 #   make test-repeat   run the e2e suite N times against one cluster (N=5)
@@ -16,10 +18,15 @@ E2E_PYTEST_ARGS ?= -n 2
 # A backstop per test; the test modules set tighter bounds with pytest-timeout marks.
 E2E_TIMEOUT ?= 300
 
-.PHONY: e2e-tools cluster-up cluster-down cluster-status test-e2e
+.PHONY: e2e-tools e2e-vllm-tools cluster-up cluster-down cluster-status test-e2e
 
 e2e-tools:
 	@bash e2e/build-tools.sh
+
+# A virtual environment of its own (5.5 GB): vLLM pins torch and much else that the
+# project's environment must not be tied to. The locations are e2e/localcluster/_vllm.py's.
+e2e-vllm-tools: venv
+	@$(PY) e2e/vllm/install.py
 
 cluster-up: e2e-tools venv
 	@$(E2E_CLUSTER) up --state-dir $(E2E_STATE_DIR)
@@ -34,7 +41,7 @@ cluster-status: venv
 # `localcluster run` starts one cluster, runs pytest with SESSIONFLEET_E2E_KUBECONFIG
 # pointing at it (so every xdist worker shares it) and stops the cluster however
 # pytest ends: exit, failure, Ctrl-C or SIGTERM.
-test-e2e: e2e-tools venv
+test-e2e: e2e-tools e2e-vllm-tools venv
 	@if [ -n "$$SESSIONFLEET_E2E_KUBECONFIG" ]; then \
 		echo "==> e2e against the running cluster $$SESSIONFLEET_E2E_KUBECONFIG"; \
 		$(VENV)/bin/pytest e2e $(E2E_PYTEST_ARGS) --timeout=$(E2E_TIMEOUT); \
@@ -48,7 +55,7 @@ test-e2e: e2e-tools venv
 #   make test-repeat N=20 E2E_PYTEST_ARGS="-n 1 -k stays_on_its_engine"
 N ?= 5
 .PHONY: test-repeat
-test-repeat: e2e-tools venv
+test-repeat: e2e-tools e2e-vllm-tools venv
 	@$(E2E_CLUSTER) run -- bash -c 'for run in $$(seq $(N)); do \
 		echo "==> e2e run $$run of $(N)"; \
 		$(VENV)/bin/pytest e2e $(E2E_PYTEST_ARGS) --timeout=$(E2E_TIMEOUT) -p no:cacheprovider \

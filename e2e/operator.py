@@ -273,8 +273,13 @@ class Process:
         return "\n".join(text.splitlines()[-lines:])
 
 
-def start_router(kubeconfig: Path, namespace: str, replica: str, logs: Path) -> tuple[str, Process]:
-    """``sessionfleet router`` for one namespace on a free loopback port, once it is ready."""
+def start_router(
+    kubeconfig: Path, namespace: str, replica: str, logs: Path, *extra: str
+) -> tuple[str, Process]:
+    """``sessionfleet router`` for one namespace on a free loopback port, once it is ready.
+
+    ``extra`` flags are appended (``--hold-timeout=2``, ``--retry-after=1``, ...).
+    """
     port = free_port()
     router = Process(
         [
@@ -287,6 +292,7 @@ def start_router(kubeconfig: Path, namespace: str, replica: str, logs: Path) -> 
             f"--replica={replica}",
             "--flush-interval=1",
             "--create-timeout=30",
+            *extra,
         ],
         logs / f"router-{replica}.log",
     )

@@ -55,10 +55,10 @@ class Fleet:
         self.kube.put(WORKERS.plural, worker_object(name, endpoint))
         return endpoint
 
-    async def fake_engine(self, name: str, handler: Any) -> str:
-        """Register a worker served by ``handler`` (an aiohttp handler for chat completions)."""
+    async def fake_engine(self, name: str, handler: Any, path: str = "/v1/chat/completions") -> str:
+        """Register a worker served by ``handler`` (an aiohttp handler for ``path``)."""
         app = aiohttp.web.Application()
-        app.router.add_post("/v1/chat/completions", handler)
+        app.router.add_post(path, handler)
         server = TestServer(app, host="127.0.0.1")
         await server.start_server()
         self.servers.append(server)
@@ -85,6 +85,20 @@ class Fleet:
     async def close(self) -> None:
         for server in reversed(self.servers):
             await server.close()
+
+
+def dies_mid_stream(first: bytes) -> Callable[[aiohttp.web.Request], Awaitable[Any]]:
+    """An engine handler that starts a stream with ``first``, then drops the connection."""
+
+    async def breaks(request: aiohttp.web.Request) -> aiohttp.web.StreamResponse:
+        response = aiohttp.web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(first)
+        assert request.transport is not None
+        request.transport.abort()  # the worker dies mid-stream
+        return response
+
+    return breaks
 
 
 Post = Callable[..., Awaitable[tuple[int, dict[str, Any], dict[str, str]]]]

@@ -356,3 +356,238 @@ async def test_whole_cache_export_and_refusals(
         f"{base}/sim/cache/export", json={"directory": str(tmp_path), "session": "zz"}
     ) as r:
         assert r.status == 404
+
+
+# --- Anthropic's Messages API (/v1/messages) ------------------------------------------
+
+
+async def message(
+    http: aiohttp.ClientSession, base: str, body: dict[str, Any], *, session: str | None = None
+) -> tuple[int, dict[str, Any]]:
+    headers = {FORWARDED_SESSION_HEADER: session} if session else {}
+    async with http.post(
+        f"{base}/v1/messages", json={"model": MODEL, **body}, headers=headers
+    ) as r:
+        return r.status, await r.json()
+
+
+async def message_events(
+    http: aiohttp.ClientSession, base: str, body: dict[str, Any]
+) -> list[tuple[str, dict[str, Any]]]:
+    """Stream a Messages request; return its (event name, data) pairs."""
+    async with http.post(f"{base}/v1/messages", json={"model": MODEL, "stream": True, **body}) as r:
+        assert r.status == 200
+        assert r.headers["Content-Type"].startswith("text/event-stream")
+        text = await r.text()
+    events = []
+    for frame in filter(None, text.split("\n\n")):
+        name, data = frame.split("\n")
+        assert name.startswith("event: ") and data.startswith("data: ")
+        payload = json.loads(data.removeprefix("data: "))
+        assert payload["type"] == name.removeprefix("event: ")  # Anthropic repeats the name
+        events.append((payload["type"], payload))
+    return events
+
+
+async def test_messages_read_the_cache_turn_by_turn(
+    start: Start, http: aiohttp.ClientSession
+) -> None:
+    base = await start()
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Fix the bug."}]
+    reads, prompts = [], []
+    for turn in range(4):
+        status, body = await message(
+            http, base, {"system": SYSTEM, "messages": messages, "max_tokens": 40}
+        )
+        assert status == 200
+        assert body["type"] == "message" and body["role"] == "assistant"
+        assert body["id"].startswith("msg_")
+        assert body["stop_reason"] == "max_tokens"  # the filler always runs to max_tokens
+        usage = body["usage"]
+        assert usage["output_tokens"] == 40
+        assert usage["cache_creation_input_tokens"] == 0  # vLLM has no separate cache writes
+        reads.append(usage["cache_read_input_tokens"])
+        prompts.append(usage["input_tokens"] + usage["cache_read_input_tokens"])
+        # The reply goes back as the SDKs send it: a list of content blocks.
+        messages += [
+            {"role": "assistant", "content": body["content"]},
+            {"role": "user", "content": [{"type": "text", "text": f"Output {turn}: ok"}]},
+        ]
+    assert reads[0] == 0
+    for previous_prompt, hit in zip(prompts, reads[1:], strict=False):
+        assert hit >= previous_prompt + 40 - 16  # the previous reply hits too
+    # The usage reads as the router reads it: the prompt is uncached plus cache reads.
+    parsed = vllm.parse_usage(usage)
+    assert parsed == vllm.Usage(prompts[-1], 40, reads[-1])
+
+
+async def test_messages_render_like_the_chat_api(start: Start, http: aiohttp.ClientSession) -> None:
+    """A Messages request and the chat request vLLM converts it to share one prefix."""
+    base = await start()
+    await chat(http, base, first_turn(), max_tokens=4)
+    _, body = await message(
+        http,
+        base,
+        {
+            # Claude Code's attribution block holds a per-request hash; vLLM drops it.
+            "system": [
+                {"type": "text", "text": "x-anthropic-billing-header: cch=81f3;"},
+                {"type": "text", "text": SYSTEM},
+            ],
+            "messages": [{"role": "user", "content": "Fix the bug."}],
+            "max_tokens": 4,
+        },
+    )
+    prompt = body["usage"]["input_tokens"] + body["usage"]["cache_read_input_tokens"]
+    _, same = await chat(http, base, first_turn(), max_tokens=4)
+    assert prompt == same["usage"]["prompt_tokens"]
+    # Same prompt, same hits: every full block the chat request cached.
+    assert body["usage"]["cache_read_input_tokens"] > 0
+    assert (
+        body["usage"]["cache_read_input_tokens"]
+        == same["usage"]["prompt_tokens_details"]["cached_tokens"]
+    )
+
+
+async def test_tool_use_and_results_are_rendered(start: Start, http: aiohttp.ClientSession) -> None:
+    base = await start()
+    conversation: list[dict[str, Any]] = [
+        {"role": "user", "content": "List the files."},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "text", "text": "Running ls."},
+                {"type": "tool_use", "id": "toolu_1", "name": "bash", "input": {"cmd": "ls"}},
+            ],
+        },
+        {
+            "role": "user",
+            "content": [
+                {"type": "tool_result", "tool_use_id": "toolu_1", "content": "a.py\nb.py"},
+            ],
+        },
+    ]
+    _, first = await message(
+        http, base, {"system": SYSTEM, "messages": conversation, "max_tokens": 4}
+    )
+    longer = [
+        *conversation[:2],
+        {
+            "role": "user",
+            "content": [
+                {
+                    "type": "tool_result",
+                    "tool_use_id": "toolu_1",
+                    "content": [{"type": "text", "text": "a.py\nb.py\n" + "c.py\n" * 200}],
+                }
+            ],
+        },
+    ]
+    _, second = await message(http, base, {"system": SYSTEM, "messages": longer, "max_tokens": 4})
+
+    # The tool's output is part of the prompt: more of it is more tokens, and the
+    # conversation before it hits the cache.
+    def prompt(usage: dict[str, int]) -> int:
+        return usage["input_tokens"] + usage["cache_read_input_tokens"]
+
+    assert prompt(second["usage"]) > prompt(first["usage"]) + 200
+    assert second["usage"]["cache_read_input_tokens"] >= prompt(first["usage"]) - 32
+
+
+async def test_a_messages_stream_splits_its_usage_as_anthropic_documents(
+    start: Start, http: aiohttp.ClientSession
+) -> None:
+    base = await start()
+    body = {"system": SYSTEM, "messages": [{"role": "user", "content": "Go."}], "max_tokens": 6}
+    await message(http, base, body)  # warm the cache
+    events = await message_events(http, base, body)
+    names = [name for name, _ in events]
+    assert names == [
+        "message_start",
+        "content_block_start",
+        *["content_block_delta"] * 6,
+        "content_block_stop",
+        "message_delta",
+        "message_stop",
+    ]
+    opening = events[0][1]["message"]
+    assert opening["content"] == [] and opening["stop_reason"] is None
+    assert opening["usage"]["cache_read_input_tokens"] > 0
+    assert opening["usage"]["output_tokens"] == 0
+    assert events[1][1]["content_block"] == {"type": "text", "text": ""}
+    text = "".join(data["delta"]["text"] for name, data in events if name == "content_block_delta")
+    _, whole = await message(http, base, body)
+    assert text == whole["content"][0]["text"]  # the same request generates the same words
+    closing = events[-2][1]
+    assert closing["delta"] == {"stop_reason": "max_tokens", "stop_sequence": None}
+    # Only the output count in message_delta: the input counts are message_start's.
+    assert closing["usage"] == {"output_tokens": 6}
+    assert {**opening["usage"], **closing["usage"]} == whole["usage"]
+
+
+async def test_messages_without_cache_details(start: Start, http: aiohttp.ClientSession) -> None:
+    base = await start(enable_prompt_tokens_details=False)
+    body = {"system": SYSTEM, "messages": [{"role": "user", "content": "Go."}], "max_tokens": 2}
+    await message(http, base, body)
+    _, again = await message(http, base, body)
+    # As vLLM: the whole prompt as input_tokens, the cache counts absent (unknown).
+    assert set(again["usage"]) == {"input_tokens", "output_tokens"}
+    assert vllm.parse_usage(again["usage"]) == vllm.Usage(again["usage"]["input_tokens"], 2, None)
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "kind", "fragment"),
+    [
+        ({"model": "other"}, 404, "not_found_error", "The model `other` does not exist."),
+        ({"max_tokens": None}, 400, "invalid_request_error", "max_tokens is required"),
+        ({"max_tokens": 0}, 400, "invalid_request_error", "max_tokens is required"),
+        ({"messages": []}, 400, "invalid_request_error", "messages must be a non-empty list"),
+        (
+            {"messages": [{"role": "system", "content": "x"}]},
+            400,
+            "invalid_request_error",
+            "the system prompt goes in the top-level system field",
+        ),
+        (
+            {"messages": [{"role": "user", "content": [{"text": "no type"}]}]},
+            400,
+            "invalid_request_error",
+            "content blocks with a type",
+        ),
+        ({"system": 7}, 400, "invalid_request_error", "system must be a string"),
+        ({"stream": "yes"}, 400, "invalid_request_error", "stream must be a boolean"),
+        (
+            {"messages": [{"role": "user", "content": "x" * 5000}]},
+            400,
+            "invalid_request_error",
+            "maximum context length is 1000 tokens",
+        ),
+    ],
+)
+async def test_bad_messages_get_anthropic_errors(
+    start: Start,
+    http: aiohttp.ClientSession,
+    body: dict[str, Any],
+    status: int,
+    kind: str,
+    fragment: str,
+) -> None:
+    base = await start(max_model_len=1000)
+    valid = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 4}
+    request = {k: v for k, v in {**valid, **body}.items() if v is not None}
+    got, answer = await message(http, base, request)
+    assert got == status
+    assert answer["type"] == "error" and set(answer["error"]) == {"type", "message"}
+    assert answer["error"]["type"] == kind
+    assert fragment in answer["error"]["message"]
+
+
+async def test_messages_refuse_invalid_json_in_anthropic_shape(
+    start: Start, http: aiohttp.ClientSession
+) -> None:
+    base = await start()
+    async with http.post(f"{base}/v1/messages", data=b"{nope") as r:
+        assert r.status == 400
+        answer = await r.json()
+    assert answer["error"]["type"] == "invalid_request_error"
+    assert "not valid JSON" in answer["error"]["message"]

@@ -39,6 +39,17 @@ from sessionfleet.engines.vllm import Usage, parse_usage, usage_of_response
             },
             Usage(96, 4, 80),
         ),
+        # Nulls, as a server serialising Anthropic's model without cache details sends:
+        # the cache is unknown, not empty.
+        (
+            {
+                "input_tokens": 10,
+                "output_tokens": 4,
+                "cache_read_input_tokens": None,
+                "cache_creation_input_tokens": None,
+            },
+            Usage(10, 4, None),
+        ),
         ({"prompt_tokens": -1}, None),
         ({"prompt_tokens": True}, None),
         ({"total_tokens": 3}, None),

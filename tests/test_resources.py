@@ -44,6 +44,25 @@ def test_vllm_pod_has_prefix_caching_usage_details_and_a_fixed_hash_seed() -> No
     assert {"name": "dshm", "mountPath": "/dev/shm"} in engine["volumeMounts"]
 
 
+def test_only_a_criu_checkpointed_vllm_engine_runs_in_development_mode() -> None:
+    # vLLM serves /pause and /resume only with VLLM_SERVER_DEV_MODE=1, and the criu
+    # driver pauses the engine before it checkpoints; nothing else needs those routes.
+    def env(**spec: Any) -> dict[str, str]:
+        return {
+            e["name"]: e.get("value", "") for e in container(build_pod(worker(**spec), 1))["env"]
+        }
+
+    assert env(checkpoint={"driver": "criu"})["VLLM_SERVER_DEV_MODE"] == "1"
+    assert "VLLM_SERVER_DEV_MODE" not in env(checkpoint={"driver": "engine"})
+    assert "VLLM_SERVER_DEV_MODE" not in env()
+    assert "VLLM_SERVER_DEV_MODE" not in env(engine={"type": "sim"}, checkpoint={"driver": "criu"})
+    mine = env(
+        checkpoint={"driver": "criu"},
+        engine={"env": [{"name": "VLLM_SERVER_DEV_MODE", "value": "0"}]},
+    )
+    assert mine["VLLM_SERVER_DEV_MODE"] == "0"  # the user's setting, once
+
+
 def test_sim_pod_binds_the_pod_ip_and_runs_sessionfleet() -> None:
     pod = build_pod(worker(engine={"type": "sim"}, gpus=1, capacity={"kvTokens": 500000}), 1)
     engine = container(pod)

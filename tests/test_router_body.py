@@ -9,7 +9,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sessionfleet.engines.vllm import Usage
-from sessionfleet.router.body import BodyError, find_model, usage_in_body, usage_in_tail
+from sessionfleet.router.body import (
+    HEAD_BYTES,
+    TAIL_BYTES,
+    BodyError,
+    find_model,
+    usage_in_body,
+    usage_in_stream,
+    usage_in_tail,
+)
 
 
 @pytest.mark.parametrize(
@@ -39,6 +47,24 @@ from sessionfleet.router.body import BodyError, find_model, usage_in_body, usage
         b'{"messages": [{"model": "m2"}], "model" : "m1" , "stream": true}\n',
         b'{"a": [{"model": "m2"}], "b": {"model": "m3"}, "model": "m1"}',
         b'{"model": "m\\u0031"}',
+        # Anthropic's Messages API: a system prompt in blocks that talk about models,
+        # tools whose input_schema has a model property, metadata; model last.
+        json.dumps(
+            {
+                "max_tokens": 8192,
+                "system": [{"type": "text", "text": '{"model": "m2"}', "cache_control": {}}],
+                "messages": [{"role": "user", "content": [{"type": "text", "text": "x"}]}],
+                "tools": [
+                    {
+                        "name": "pick",
+                        "input_schema": {"type": "object", "properties": {"model": {}}},
+                    }
+                ],
+                "metadata": {"user_id": "u"},
+                "stream": True,
+                "model": "m1",
+            }
+        ).encode(),
     ],
 )
 def test_find_model(body: bytes) -> None:
@@ -123,6 +149,86 @@ def test_usage_of_the_responses_api() -> None:
         },
     }
     assert usage_in_tail(b"event: response.completed\n" + sse(done)) == Usage(50, 2, 48)
+
+
+def anthropic_stream(opening: dict[str, int], closing: dict[str, int], deltas: int) -> bytes:
+    """A Messages stream as Anthropic (and vLLM) write it: named events, usage split."""
+
+    def event(name: str, data: dict[str, object]) -> bytes:
+        return f"event: {name}\ndata: {json.dumps({'type': name, **data})}\n\n".encode()
+
+    message = {"id": "msg_1", "role": "assistant", "content": [], "usage": opening}
+    parts = [
+        event("message_start", {"message": message}),
+        event("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}}),
+    ]
+    # The model's text may quote the event names and keys; escaped, they are no keys.
+    text = 'a "usage": {"input_tokens": 1} and "type":"message_start" '
+    parts += [
+        event("content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": text}})
+    ] * deltas
+    parts += [
+        event("content_block_stop", {"index": 0}),
+        event("message_delta", {"delta": {"stop_reason": "end_turn"}, "usage": closing}),
+        event("message_stop", {}),
+    ]
+    return b"".join(parts)
+
+
+@pytest.mark.parametrize(
+    ("opening", "closing", "expected"),
+    [
+        # Anthropic's documented split: input and cache counts first, output at the end.
+        (
+            {"input_tokens": 30, "cache_read_input_tokens": 90, "output_tokens": 1},
+            {"output_tokens": 12},
+            Usage(120, 12, 90),
+        ),
+        # vLLM: the whole prompt first (no cache counts yet), every count at the end.
+        (
+            {"input_tokens": 120, "output_tokens": 0},
+            {
+                "input_tokens": 30,
+                "output_tokens": 12,
+                "cache_read_input_tokens": 90,
+                "cache_creation_input_tokens": 0,
+            },
+            Usage(120, 12, 90),
+        ),
+        # Nulls at the end mean "not reported": the opening counts stay.
+        (
+            {"input_tokens": 30, "cache_read_input_tokens": 90, "output_tokens": 0},
+            {"output_tokens": 12, "input_tokens": None, "cache_read_input_tokens": None},
+            Usage(120, 12, 90),
+        ),
+    ],
+)
+@pytest.mark.parametrize("deltas", [3, 2000])
+def test_usage_of_an_anthropic_stream_is_merged_from_its_two_halves(
+    opening: dict[str, int], closing: dict[str, int], expected: Usage, deltas: int
+) -> None:
+    stream = anthropic_stream(opening, closing, deltas)
+    # What the router keeps: the first bytes and the last ones.
+    head, tail = stream[:HEAD_BYTES], stream[-TAIL_BYTES:]
+    assert usage_in_stream(head, tail) == expected
+    if deltas > 100:
+        assert b"event: message_start" not in tail  # the tail alone has lost the prompt
+
+
+def test_an_anthropic_stream_cut_before_its_end_counts_its_prompt() -> None:
+    stream = anthropic_stream({"input_tokens": 30, "cache_read_input_tokens": 90}, {}, 3)
+    cut = stream[: stream.index(b"event: content_block_stop")]
+    assert usage_in_stream(cut[:HEAD_BYTES], cut[-TAIL_BYTES:]) == Usage(120, 0, 90)
+
+
+def test_other_streams_keep_their_last_usage() -> None:
+    # A chat stream whose text quotes an Anthropic event is still a chat stream.
+    stream = sse(
+        {"choices": [{"delta": {"content": '"type":"message_start","usage":{}'}}]},
+        {"choices": [], "usage": USAGE},
+    )
+    assert usage_in_stream(stream[:HEAD_BYTES], stream) == Usage(120, 4, 96)
+    assert usage_in_stream(b"", b"data: [DONE]\n\n") is None
 
 
 def test_usage_in_a_body() -> None:

@@ -17,7 +17,16 @@ from typing import Any
 
 import aiohttp
 import pytest
-from router_fleet import MODEL, Fleet, chat, opening, post, until, worker_object
+from router_fleet import (
+    MODEL,
+    Fleet,
+    chat,
+    dies_mid_stream,
+    opening,
+    post,
+    until,
+    worker_object,
+)
 
 from sessionfleet.engines.sim.cost import CostModel
 from sessionfleet.kube import SESSIONS
@@ -378,17 +387,7 @@ async def test_a_client_that_leaves_mid_stream_is_counted_as_served(fleet: Fleet
 async def test_a_broken_stream_ends_with_a_json_error_frame(
     fleet: Fleet, http: aiohttp.ClientSession
 ) -> None:
-    from aiohttp import web
-
-    async def breaks(request: web.Request) -> web.StreamResponse:
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        await response.write(b'data: {"choices": []}\n\n')
-        assert request.transport is not None
-        request.transport.abort()  # the worker dies mid-stream
-        return response
-
-    await fleet.fake_engine("w1", breaks)
+    await fleet.fake_engine("w1", dies_mid_stream(b'data: {"choices": []}\n\n'))
     url, router = await fleet.router()
     async with http.post(url + "/v1/chat/completions", json=chat(opening(), stream=True)) as r:
         raw = await r.read()

@@ -194,6 +194,8 @@ async def test_the_final_turn_finishes_the_session(
     status, body, headers = await post(http, url, chat(opening()), {"X-Session-Id": "done"})
     assert status == 409 and body["error"]["code"] == "session_finished"
     assert headers["X-Sessionfleet-Reason"] == "session_finished"
+    # No retry cures it: the OpenAI and Anthropic SDKs, which retry 409s, are told so.
+    assert headers["x-should-retry"] == "false"
 
 
 async def test_a_migrating_session_is_held_then_released(

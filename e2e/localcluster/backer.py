@@ -9,7 +9,9 @@ KWOK makes pods Running without running anything. For a pod labelled
   process, with ``$(VAR)`` expansion and the container's ``env`` (literal values,
   the downward API, ConfigMap/Secret keys). The venv's ``bin`` comes first on PATH.
   Any 127.x address is bindable, so a process told ``--host=$(POD_IP)`` serves at
-  the pod IP. The container status gets ``containerID: process://<pid>``;
+  the pod IP. The container status gets ``containerID: process://<pid>``. A container
+  without a ``command`` of one of vLLM's images runs the real vLLM (CPU build) that
+  ``make e2e-vllm-tools`` installs, with the pod's arguments mapped in ``_vllm.py``;
 * an ``httpGet`` readiness probe, if declared, holds the pod not-Ready until the
   process answers it (probed every 0.25 s: faster than a kubelet, to keep tests fast);
 * when the process exits, the container is marked terminated (exit code, or
@@ -61,9 +63,11 @@ from ._podspec import (
     PodSpecError,
     container_argv,
     container_env,
+    expand,
     readiness_probe,
 )
 from ._process import ProcessRecord, start_ticks
+from ._vllm import VllmInstall, is_vllm_image, scratch_dir, vllm_argv, vllm_env, vllm_root
 
 BACKED_SELECTOR = f"{BACKED_LABEL}=true"
 CONTAINER_ID_PREFIX = "process://"
@@ -310,7 +314,7 @@ class PodBacker:
         )
         try:
             variables = container_env(pod, container, self._resolve_ref)
-            argv = container_argv(container, variables)
+            argv, added_env = self._argv(pod, container, variables)
             backed.probe = readiness_probe(pod, container)
             executable = argv[0] if "/" in argv[0] else shutil.which(argv[0], path=self._path)
             if executable is None:
@@ -331,6 +335,7 @@ class PodBacker:
             "LANG": os.environ.get("LANG", "C.UTF-8"),
             "HOSTNAME": name,
             "PYTHONUNBUFFERED": "1",
+            **added_env,
             **variables,
         }
         log_path = pod_dir / f"{backed.container}.log"
@@ -360,6 +365,25 @@ class PodBacker:
         logger.info("%s: started pid %d: %s", backed.key, pid, " ".join(argv))
         backed.ready = backed.probe is None
         self._write_running(backed, pod)
+
+    def _argv(
+        self, pod: Pod, container: Mapping[str, Any], variables: Mapping[str, str]
+    ) -> tuple[list[str], Mapping[str, str]]:
+        """What to run for the container, and the environment this machine adds to its own.
+
+        A container with a ``command`` runs it. One without runs its image's entrypoint,
+        which the backer knows only for vLLM's images (``_vllm.py`` says how).
+        """
+        image = str(container.get("image", ""))
+        if container.get("command") or not is_vllm_image(image):
+            return container_argv(container, variables), {}
+        install = VllmInstall(vllm_root())
+        if (missing := install.missing()) is not None:
+            raise PodSpecError(missing)
+        args = [expand(arg, variables) for arg in container.get("args") or []]
+        pod_ip = str(pod.get("status", {}).get("podIP") or "127.0.0.1")
+        scratch = scratch_dir(str(pod["metadata"]["uid"]))
+        return vllm_argv(install, args, pod_ip), vllm_env(install, scratch, self._layout.state_dir)
 
     def _resolve_ref(self, kind: str, namespace: str, name: str, key: str) -> str | None:
         from kubernetes import client
@@ -588,6 +612,7 @@ class PodBacker:
         """Drop the leftover record once the process is reaped."""
         record = self._layout.pods_dir / backed.namespace / backed.name / "process.json"
         record.unlink(missing_ok=True)
+        shutil.rmtree(scratch_dir(backed.uid), ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> None:

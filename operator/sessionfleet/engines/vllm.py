@@ -100,10 +100,15 @@ def parse_usage(usage: Any) -> Usage | None:
     if inputs is None:
         return None
     completion = _count(usage.get("output_tokens")) or 0
-    if "cache_read_input_tokens" in usage or "cache_creation_input_tokens" in usage:
-        # Anthropic counts cache reads and writes apart from input_tokens.
-        read = _count(usage.get("cache_read_input_tokens")) or 0
-        written = _count(usage.get("cache_creation_input_tokens")) or 0
+    read_field, written_field = (
+        usage.get("cache_read_input_tokens"),
+        usage.get("cache_creation_input_tokens"),
+    )
+    if read_field is not None or written_field is not None:
+        # Anthropic counts cache reads and writes apart from input_tokens; a null (or
+        # absent) pair means the server could not tell, as vLLM without cache details.
+        read = _count(read_field) or 0
+        written = _count(written_field) or 0
         return Usage(inputs + read + written, completion, read)
     details = usage.get("input_tokens_details")
     cached = _count(details.get("cached_tokens")) if isinstance(details, Mapping) else None

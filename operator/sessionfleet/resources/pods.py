@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sessionfleet._version import __version__
-from sessionfleet.api import API_VERSION, EngineType, InferenceWorker
+from sessionfleet.api import API_VERSION, CheckpointDriver, EngineType, InferenceWorker
 from sessionfleet.policy.worker import pod_name
 from sessionfleet.resources.labels import (
     CA_SAFE_TO_EVICT,
@@ -22,6 +22,7 @@ from sessionfleet.resources.names import label_value
 # vLLM only hits prefixes saved by another (or a restarted) worker when Python's
 # hash seed is the same everywhere (docs/background.md, "vLLM interfaces").
 PYTHONHASHSEED = "0"
+VLLM_DEV_MODE = "VLLM_SERVER_DEV_MODE"
 LMCACHE_CONNECTOR = '{"kv_connector":"LMCacheConnectorV1","kv_role":"kv_both"}'
 
 
@@ -116,6 +117,27 @@ def lmcache_env(worker: InferenceWorker) -> list[dict[str, str]]:
     return [{"name": k, "value": v} for k, v in settings.items() if k not in mine]
 
 
+def engine_env(worker: InferenceWorker) -> list[dict[str, str]]:
+    """Environment the operator's own features need from a vLLM engine.
+
+    vLLM serves ``/pause`` and ``/resume`` only in its development mode
+    (``VLLM_SERVER_DEV_MODE=1``; otherwise they answer 404), and the criu driver pauses
+    the engine with ``mode=keep`` before it checkpoints the process. Development mode
+    also serves ``/sleep``, ``/reset_prefix_cache`` and ``/collective_rpc``: keep the
+    engine port reachable only from the routers and the node agent (docs/checkpoints.md).
+    A variable the user sets in ``engine.env`` wins.
+    """
+    spec = worker.spec
+    if (
+        spec.engine.type is not EngineType.VLLM
+        or spec.checkpoint.driver is not CheckpointDriver.CRIU
+    ):
+        return []
+    if any(e.name == VLLM_DEV_MODE for e in spec.engine.env):
+        return []
+    return [{"name": VLLM_DEV_MODE, "value": "1"}]
+
+
 def build_pod(
     worker: InferenceWorker,
     epoch: int,
@@ -144,6 +166,7 @@ def build_pod(
         {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
         {"name": "PYTHONHASHSEED", "value": PYTHONHASHSEED},
         *lmcache_env(worker),
+        *engine_env(worker),
         *({"name": e.name, "value": e.value} for e in engine.env),
     ]
     volumes: list[dict[str, Any]] = list(overlay.volumes)

@@ -19,7 +19,10 @@ memory grow with its nesting. That is rare; a large body is walked in a thread.
 
 Responses are read the same way: ``usage`` is the last key of a response and the last
 chunk of a stream, so it is found by searching the tail backwards and decoding only
-its value.
+its value. Anthropic's Messages streams are the exception: their usage is split between
+the first event (``message_start``: input and cache counts) and the last ones
+(``message_delta``: output count), so the first bytes of a stream are kept too and
+the two halves merged (:func:`usage_in_stream`).
 """
 
 from __future__ import annotations
@@ -27,8 +30,10 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+from collections.abc import Iterator, Mapping
 from typing import Any, Final
 
+from sessionfleet.engines.anthropic import merge_stream_usage
 from sessionfleet.engines.vllm import Usage, parse_usage, usage_of_response
 
 MAX_MODEL_CHARS: Final = 256
@@ -237,6 +242,23 @@ TAIL_BYTES: Final = 16384
 _MAX_TRIES: Final = 4
 
 
+HEAD_BYTES: Final = 4096
+"""How much of a stream's start is kept: Anthropic's ``message_start`` event, which
+carries the prompt's usage, is the first event and a few hundred bytes long."""
+_MESSAGE_START = re.compile(r'"type"\s*:\s*"message_start"')
+
+
+def _usage_values(text: str) -> Iterator[Any]:
+    """Yield the decoded values of the last few ``"usage":`` keys of ``text``, last first."""
+    matches = list(_USAGE_KEY.finditer(text))
+    for match in reversed(matches[-_MAX_TRIES:]):
+        try:
+            value, _ = _DECODER.raw_decode(text, match.end())
+        except (ValueError, RecursionError):
+            continue
+        yield value
+
+
 def usage_in_tail(tail: bytes) -> Usage | None:
     """Return the usage in the last part of a response body or event stream, if any.
 
@@ -245,17 +267,44 @@ def usage_in_tail(tail: bytes) -> Usage | None:
     ``"usage": null``. The Responses API's final event nests usage in ``response``,
     which the same search finds.
     """
-    text = tail.decode("utf-8", errors="replace")
-    matches = list(_USAGE_KEY.finditer(text))
-    for match in reversed(matches[-_MAX_TRIES:]):
-        try:
-            value, _ = _DECODER.raw_decode(text, match.end())
-        except (ValueError, RecursionError):
-            continue
+    for value in _usage_values(tail.decode("utf-8", errors="replace")):
         usage = parse_usage(value)
         if usage is not None:
             return usage
     return None
+
+
+def _opening_usage(head: bytes) -> Mapping[str, Any] | None:
+    """Return the usage of an Anthropic ``message_start`` event at a stream's start."""
+    text = head.decode("utf-8", errors="replace")
+    start = _MESSAGE_START.search(text)
+    found = _USAGE_KEY.search(text, start.end()) if start is not None else None
+    if found is None:
+        return None
+    try:
+        value, _ = _DECODER.raw_decode(text, found.end())
+    except (ValueError, RecursionError):
+        return None
+    return value if isinstance(value, Mapping) else None
+
+
+def usage_in_stream(head: bytes, tail: bytes) -> Usage | None:
+    """Return the usage of an event stream from its first and last bytes.
+
+    An Anthropic Messages stream reports the input and cache counts in its first event
+    (``message_start``) and the cumulative output count in its last ``message_delta``,
+    which may or may not repeat the others: the two are merged, the later counts
+    winning (:func:`sessionfleet.engines.anthropic.merge_stream_usage`). Taking only
+    the last usage would count a turn's prompt as zero tokens. A stream that broke
+    before its ``message_delta`` still counts its prompt. Every other stream carries
+    its usage whole in its last chunk (:func:`usage_in_tail`).
+    """
+    opening = _opening_usage(head)
+    if opening is None:
+        return usage_in_tail(tail)
+    text = tail.decode("utf-8", errors="replace")
+    closing = next((value for value in _usage_values(text) if isinstance(value, Mapping)), {})
+    return parse_usage(merge_stream_usage(opening, closing))
 
 
 def usage_in_body(body: bytes) -> Usage | None:

@@ -1,4 +1,4 @@
-"""The router's own error answers: one shape, a status, a code and a sentence.
+"""The router's own error answers: a status, a code and a sentence, in the client's shape.
 
 Every error the router itself returns (as opposed to an engine's error, which passes
 through unchanged) has the OpenAI error shape clients already parse, plus the code in
@@ -6,8 +6,19 @@ an ``X-Sessionfleet-Reason`` header so that it shows in access logs:
 
 .. code-block:: json
 
-   {"error": {"message": "...", "type": "invalid_request_error", "code": "missing_model",
+   {"error": {"message": "...", "type": "invalid_request_error", "code": "invalid_body",
               "param": null}}
+
+On Anthropic's Messages API (``/v1/messages``) the same error has Anthropic's shape,
+which the Anthropic SDKs read their ``type`` and message from (the code stays in the
+header):
+
+.. code-block:: json
+
+   {"type": "error", "error": {"type": "invalid_request_error", "message": "..."}}
+
+Errors that retrying cannot cure carry ``x-should-retry: false``, which the OpenAI and
+Anthropic SDKs obey: without it they retry every 409 (and 408, 429, 5xx) twice.
 
 =======  ========================  ==========================================================
 status   code                      when
@@ -38,10 +49,17 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Final
 
+from sessionfleet.engines import anthropic as anthropic_api
+
 if TYPE_CHECKING:
     from aiohttp import web
 
 REASON_HEADER: Final = "X-Sessionfleet-Reason"
+SHOULD_RETRY_HEADER: Final = "x-should-retry"
+"""Not a standard header, but the one the OpenAI and Anthropic SDKs obey before their
+own status-code rules (``_should_retry`` in both)."""
+FINAL_CODES: Final = frozenset({"session_finished", "session_name_collision"})
+"""409 answers that no retry cures: the session stays Finished, the name stays taken."""
 
 _TYPES: Final = {
     400: "invalid_request_error",
@@ -70,8 +88,10 @@ class RouterError(Exception):
         self.message = message
         self.retry_after = retry_after
 
-    def body(self) -> bytes:
-        """Return the JSON error body."""
+    def body(self, *, anthropic: bool = False) -> bytes:
+        """Return the JSON error body: OpenAI's shape, or Anthropic's for its clients."""
+        if anthropic:
+            return json.dumps(anthropic_api.error_body(self.status, self.message)).encode()
         error = {
             "message": self.message,
             "type": _TYPES.get(self.status, "error"),
@@ -80,8 +100,8 @@ class RouterError(Exception):
         }
         return json.dumps({"error": error}).encode()
 
-    def response(self) -> web.Response:
-        """Return the HTTP answer."""
+    def response(self, *, anthropic: bool = False) -> web.Response:
+        """Return the HTTP answer (``anthropic``: on the Messages API, in its shape)."""
         # Imported here so that the EPP (docs/epp.md), which shares these errors,
         # does not load the HTTP stack.
         from aiohttp import web
@@ -89,9 +109,11 @@ class RouterError(Exception):
         headers = {REASON_HEADER: self.code}
         if self.retry_after is not None:
             headers["Retry-After"] = str(self.retry_after)
+        if self.code in FINAL_CODES:
+            headers[SHOULD_RETRY_HEADER] = "false"
         return web.Response(
             status=self.status,
-            body=self.body(),
+            body=self.body(anthropic=anthropic),
             content_type="application/json",
             headers=headers,
         )

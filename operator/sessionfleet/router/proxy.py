@@ -30,10 +30,18 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
 from sessionfleet.engines import FORWARDED_SESSION_HEADER
+from sessionfleet.engines.anthropic import error_event, is_messages_path
 from sessionfleet.engines.vllm import Usage
 from sessionfleet.router.admission import ApiKeys, AuthError, SessionRates
 from sessionfleet.router.bindings import BindingTable, SessionView, WorkerView
-from sessionfleet.router.body import TAIL_BYTES, BodyError, model_of, usage_in_body, usage_in_tail
+from sessionfleet.router.body import (
+    HEAD_BYTES,
+    TAIL_BYTES,
+    BodyError,
+    model_of,
+    usage_in_body,
+    usage_in_stream,
+)
 from sessionfleet.router.errors import RouterError
 from sessionfleet.router.identity import HeaderConfig, Identity, IdentityError, identify
 from sessionfleet.router.intake import Intake
@@ -138,11 +146,18 @@ class _Turn:
     """Bytes of the in-flight body budget this request holds."""
 
 
-def _stream_error(error: BaseException) -> bytes:
-    """Return the server-sent event telling a client its stream broke at the worker."""
+def _stream_error(error: BaseException, *, anthropic: bool) -> bytes:
+    """Return the server-sent event telling a client its stream broke at the worker.
+
+    Anthropic's SDKs read only events named ``error`` (they skip unnamed ones), so a
+    Messages stream ends with Anthropic's error event; others with OpenAI's shape.
+    """
+    message = f"the worker's stream ended early: {error!r}"
+    if anthropic:
+        return error_event(502, message)
     body = {
         "error": {
-            "message": f"the worker's stream ended early: {error!r}",
+            "message": message,
             "type": "upstream_error",
             "code": "upstream_error",
         }
@@ -192,7 +207,7 @@ class Proxy:
             return response
         except RouterError as error:
             turn.status = error.status
-            return error.response()
+            return error.response(anthropic=is_messages_path(request.path))
         except asyncio.CancelledError:
             # The server cancels a handler whose client disconnected (when configured
             # to); what was served still counts (see _stream).
@@ -413,20 +428,22 @@ class Proxy:
         except ConnectionError:
             turn.outcome = CLIENT_CLOSED
             return response
-        tail = bytearray()
+        head, tail = bytearray(), bytearray()
         try:
-            broken = await self._relay(response, upstream, turn, tail)
+            broken = await self._relay(response, upstream, turn, head, tail)
         except asyncio.CancelledError:
             turn.outcome = CLIENT_CLOSED
             raise
         finally:
             # Whatever happened, what reached the client was served: count it.
-            turn.usage, turn.completed = usage_in_tail(bytes(tail)), upstream.status == 200
+            turn.usage = usage_in_stream(bytes(head), bytes(tail))
+            turn.completed = upstream.status == 200
         if broken is not None:
             # The status line is gone already: report the failure in the stream itself.
             logger.warning("stream from worker %s broke: %r", upstream.url.host, broken)
             turn.outcome = 502
-            await self._write_quietly(response, _stream_error(broken))
+            anthropic = is_messages_path(request.path)
+            await self._write_quietly(response, _stream_error(broken, anthropic=anthropic))
         elif turn.outcome != CLIENT_CLOSED:
             await self._write_quietly(response, None)
         return response
@@ -436,9 +453,10 @@ class Proxy:
         response: web.StreamResponse,
         upstream: aiohttp.ClientResponse,
         turn: _Turn,
+        head: bytearray,
         tail: bytearray,
     ) -> BaseException | None:
-        """Pass the worker's chunks on, keeping the last ones in ``tail``.
+        """Pass the worker's chunks on, keeping the first bytes in ``head``, the last in ``tail``.
 
         Returns the worker's error if its stream broke; a client that goes away sets
         the turn's outcome to 499 and ends the relay (leaving the upstream context then
@@ -455,6 +473,8 @@ class Proxy:
                 return error
             finally:
                 turn.waited += perf_counter() - waiting
+            if len(head) < HEAD_BYTES:
+                head += chunk[: HEAD_BYTES - len(head)]
             tail += chunk
             if len(tail) > 2 * TAIL_BYTES:
                 del tail[:-TAIL_BYTES]
@@ -497,7 +517,9 @@ class Proxy:
     async def not_found(self, request: web.Request) -> web.Response:
         """Any other path or method."""
         if request.path.startswith("/v1/") and request.method != "POST":
-            return RouterError(
+            error = RouterError(
                 405, "method_not_allowed", f"{request.method} {request.path}: use POST"
-            ).response()
-        return RouterError(404, "not_found", f"the router does not serve {request.path}").response()
+            )
+        else:
+            error = RouterError(404, "not_found", f"the router does not serve {request.path}")
+        return error.response(anthropic=is_messages_path(request.path))

@@ -14,7 +14,15 @@ started with ``--enable-prompt-tokens-details``):
   (the default) ends them with ``finish_reason: abort``; ``wait`` lets them finish;
   new requests wait while paused; ``clear_cache`` (default true, as in vLLM) drops the
   cached blocks after ``abort`` or ``wait``;
-* error bodies ``{"error": {"message", "type", "param", "code"}}``.
+* ``POST /v1/messages``, Anthropic's Messages API as vLLM serves it: a ``message``
+  object, or a stream of ``message_start``, ``content_block_start``,
+  ``content_block_delta``, ``content_block_stop``, ``message_delta`` and
+  ``message_stop`` events; usage with vLLM's semantics (``input_tokens`` uncached,
+  ``cache_read_input_tokens`` the prefix-cache hits, ``cache_creation_input_tokens``
+  0), split in streams as Anthropic documents it: input and cache counts in
+  ``message_start``, the output count in ``message_delta``;
+* error bodies ``{"error": {"message", "type", "param", "code"}}``, and on
+  ``/v1/messages`` Anthropic's ``{"type": "error", "error": {"type", "message"}}``.
 
 What only the simulator has, under ``/sim/``:
 
@@ -43,7 +51,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from sessionfleet._version import __version__
-from sessionfleet.engines import FORWARDED_SESSION_HEADER
+from sessionfleet.engines import FORWARDED_SESSION_HEADER, anthropic
 from sessionfleet.engines.sim.cache import SnapshotError, read_snapshot, write_snapshot
 from sessionfleet.engines.sim.engine import (
     EngineCollector,
@@ -52,7 +60,7 @@ from sessionfleet.engines.sim.engine import (
     RequestError,
     SimEngine,
 )
-from sessionfleet.engines.sim.tokenizer import render_chat
+from sessionfleet.engines.sim.tokenizer import anthropic_chat, render_chat
 
 logger = logging.getLogger("sessionfleet.sim-engine")
 
@@ -97,18 +105,27 @@ class _Common:
     max_tokens: int | None
 
 
-def _common(body: Mapping[str, Any], model: str, force_include_usage: bool) -> _Common:
+def _check_model(body: Mapping[str, Any], model: str) -> None:
     requested = body.get("model")
     if not isinstance(requested, str) or not requested:
         raise RequestError("model is required: a string naming the served model")
     if requested != model:
         raise RequestError(f"The model `{requested}` does not exist.", 404, "NotFoundError")
-    n = body.get("n", 1)
-    if n != 1:
-        raise RequestError("the simulated engine generates one choice: n must be 1")
+
+
+def _stream_flag(body: Mapping[str, Any]) -> bool:
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise RequestError("stream must be a boolean")
+    return stream
+
+
+def _common(body: Mapping[str, Any], model: str, force_include_usage: bool) -> _Common:
+    _check_model(body, model)
+    n = body.get("n", 1)
+    if n != 1:
+        raise RequestError("the simulated engine generates one choice: n must be 1")
+    stream = _stream_flag(body)
     options = body.get("stream_options")
     include_usage = force_include_usage
     if options is not None:
@@ -272,6 +289,46 @@ class _Handlers:
             )
         return await self._generate(request, prompt, common, chat=False)
 
+    async def messages(self, request: web.Request) -> web.StreamResponse:
+        """Anthropic's Messages API: the request is rendered as vLLM renders it."""
+        body = await _json_body(request)
+        _check_model(body, self.config.model)
+        max_tokens = body.get("max_tokens")
+        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
+            raise RequestError("max_tokens is required: a positive integer")
+        stream = _stream_flag(body)
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise RequestError("messages must be a non-empty list")
+        try:
+            prompt = render_chat(anthropic_chat(body.get("system"), messages))
+        except ValueError as error:
+            raise RequestError(str(error)) from error
+        generation = Generation(
+            prompt=prompt,
+            max_tokens=max_tokens,
+            explicit_max_tokens=True,
+            session_id=_session_of(request, self.config),
+        )
+        ident = f"msg_{uuid.uuid4().hex}"
+        details = self.config.enable_prompt_tokens_details
+        if stream:
+            return await _stream_message(request, self.engine, generation, ident, details)
+        await self.engine.run(generation, None)
+        text = "".join(generation.words)
+        return web.json_response(
+            {
+                "id": ident,
+                "type": "message",
+                "role": "assistant",
+                "content": [{"type": "text", "text": text}] if text else [],
+                "model": self.config.model,
+                "stop_reason": anthropic.STOP_REASONS.get(generation.finish_reason),
+                "stop_sequence": None,
+                "usage": _message_usage(generation, details),
+            }
+        )
+
     async def _generate(
         self, request: web.Request, prompt: str, common: _Common, *, chat: bool
     ) -> web.StreamResponse:
@@ -376,6 +433,96 @@ async def _stream(
     return response
 
 
+def _message_usage(generation: Generation, details: bool) -> dict[str, Any]:
+    return anthropic.usage(
+        generation.prompt_tokens,
+        generation.cached_tokens,
+        generation.completion_tokens,
+        details=details,
+    )
+
+
+def _event(name: str, data: Mapping[str, Any]) -> str:
+    return f"event: {name}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
+
+
+async def _stream_message(
+    request: web.Request,
+    engine: SimEngine,
+    generation: Generation,
+    ident: str,
+    details: bool,
+) -> web.StreamResponse:
+    """Serve a Messages request as Anthropic's server-sent events, one delta per token.
+
+    The prompt's usage is known once the cache has been looked up, before the first
+    token, so ``message_start`` carries the input and cache counts (as Anthropic's API
+    does) and ``message_delta`` the cumulative output count only: a reader must combine
+    the two (:func:`sessionfleet.engines.anthropic.merge_stream_usage`).
+    """
+    response = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+    )
+    pending: list[str] = []
+    started = False
+
+    async def start() -> None:
+        nonlocal started
+        started = True
+        await response.prepare(request)
+        message: dict[str, Any] = {
+            "id": ident,
+            "type": "message",
+            "role": "assistant",
+            "content": [],
+            "model": engine.config.model,
+            "stop_reason": None,
+            "stop_sequence": None,
+            # Called at the first token; no output is counted before its delta (vLLM: 0).
+            "usage": {**_message_usage(generation, details), "output_tokens": 0},
+        }
+        pending.append(_event("message_start", {"type": "message_start", "message": message}))
+        block = {"type": "text", "text": ""}
+        pending.append(
+            _event(
+                "content_block_start",
+                {"type": "content_block_start", "index": 0, "content_block": block},
+            )
+        )
+
+    async def emit(index: int, delta: str, slow: bool) -> None:
+        if not started:
+            await start()
+        # The constant head of every delta is short; json.dumps escapes the text only.
+        pending.append(
+            'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,'
+            f'"delta":{{"type":"text_delta","text":{json.dumps(delta)}}}}}\n\n'
+        )
+        if slow:
+            await response.write("".join(pending).encode())
+            pending.clear()
+
+    await engine.run(generation, emit)
+    if not started:  # nothing generated (aborted at once): the stream still has its frame
+        await start()
+    pending.append(_event("content_block_stop", {"type": "content_block_stop", "index": 0}))
+    stop = anthropic.STOP_REASONS.get(generation.finish_reason)
+    pending.append(
+        _event(
+            "message_delta",
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": stop, "stop_sequence": None},
+                "usage": {"output_tokens": generation.completion_tokens},
+            },
+        )
+    )
+    pending.append(_event("message_stop", {"type": "message_stop"}))
+    await response.write("".join(pending).encode())
+    await response.write_eof()
+    return response
+
+
 _REGISTRY_KEY: Final = web.AppKey("registry", CollectorRegistry)
 
 
@@ -386,6 +533,9 @@ async def _errors(
     try:
         return await handler(request)
     except RequestError as error:
+        if anthropic.is_messages_path(request.path):
+            body = anthropic.error_body(error.status, error.message)
+            return web.json_response(body, status=error.status)
         return error_response(error.message, error.status, error.kind)
 
 
@@ -406,6 +556,7 @@ def build_app(config: EngineConfig, engine: SimEngine | None = None) -> web.Appl
     app.router.add_get("/metrics", handlers.metrics)
     app.router.add_post("/v1/chat/completions", handlers.chat)
     app.router.add_post("/v1/completions", handlers.completions)
+    app.router.add_post(anthropic.MESSAGES_PATH, handlers.messages)
     app.router.add_post("/pause", handlers.pause)
     app.router.add_post("/resume", handlers.resume)
     app.router.add_get("/is_paused", handlers.is_paused)

@@ -32,6 +32,7 @@ __all__ = [
     "chain_hash",
     "count_tokens",
     "filler_words",
+    "anthropic_chat",
     "render_chat",
     "render_message",
     "split_blocks",
@@ -140,6 +141,86 @@ def render_chat(messages: Sequence[Mapping[str, Any]]) -> str:
     if not messages:
         raise ValueError("messages must not be empty")
     return "".join(render_message(m) for m in messages) + f"{_OPEN}assistant\n"
+
+
+BILLING_HEADER_PREFIX: Final = "x-anthropic-billing-header"
+"""Claude Code sends a system block starting with this, holding a per-request hash; vLLM
+drops it because it would make every prompt's prefix differ (no cache hit ever)."""
+
+
+def _blocks(content: Any, where: str) -> list[Mapping[str, Any]]:
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    if not isinstance(content, list) or not all(
+        isinstance(block, Mapping) and isinstance(block.get("type"), str) for block in content
+    ):
+        raise ValueError(f"{where} must be a string or a list of content blocks with a type")
+    return content
+
+
+def _result_text(content: Any) -> str:
+    if isinstance(content, list):
+        return "\n".join(
+            part["text"]
+            for part in content
+            if isinstance(part, Mapping) and isinstance(part.get("text"), str)
+        )
+    return content if isinstance(content, str) else ""
+
+
+def anthropic_chat(system: Any, messages: Sequence[Any]) -> list[dict[str, Any]]:
+    """Turn a Messages API request (``system``, ``messages``) into chat messages.
+
+    As vLLM does before applying its chat template: the system text first; text blocks
+    become the content, ``tool_use`` blocks tool calls, ``tool_result`` blocks messages
+    of role ``tool``; images and thinking blocks carry no text here. A reply sent back
+    as the next turn's assistant message renders as the chat API's would, so the
+    blocks cached while generating it hit. Raises ValueError for a malformed request.
+    """
+    chat: list[dict[str, Any]] = []
+    if system is not None:
+        parts = [
+            block["text"]
+            for block in _blocks(system, "system")
+            if block["type"] == "text"
+            and isinstance(block.get("text"), str)
+            and not block["text"].startswith(BILLING_HEADER_PREFIX)
+        ]
+        if parts:
+            chat.append({"role": "system", "content": "".join(parts)})
+    for index, message in enumerate(messages):
+        if not isinstance(message, Mapping) or message.get("role") not in ("user", "assistant"):
+            raise ValueError(
+                f"messages.{index}: every message is an object with role user or assistant "
+                "(the system prompt goes in the top-level system field)"
+            )
+        texts: list[str] = []
+        calls: list[dict[str, Any]] = []
+        for block in _blocks(message.get("content"), f"messages.{index}.content"):
+            kind = block["type"]
+            if kind == "text" and isinstance(block.get("text"), str):
+                texts.append(block["text"])
+            elif kind == "tool_use":
+                arguments = json.dumps(block.get("input") or {}, sort_keys=True)
+                function = {"name": block.get("name") or "", "arguments": arguments}
+                call_id = block.get("id") or ""
+                calls.append({"id": call_id, "type": "function", "function": function})
+            elif kind == "tool_result":
+                chat.append(
+                    {
+                        "role": "tool",
+                        "tool_call_id": block.get("tool_use_id") or "",
+                        "content": _result_text(block.get("content")),
+                    }
+                )
+        converted: dict[str, Any] = {"role": message["role"], "content": "".join(texts)}
+        if calls:
+            converted["tool_calls"] = calls
+        if texts or calls:
+            chat.append(converted)
+    if not chat:
+        raise ValueError("messages must hold some text")
+    return chat
 
 
 # --- generated text -------------------------------------------------------------------

@@ -1,0 +1,382 @@
+"""The operator's vLLM path against a real vLLM engine, on the real control plane.
+
+Worker pods of ``engine.type: vllm`` are backed by the real vLLM OpenAI server (its
+CPU build, serving a tiny local model; ``make e2e-vllm-tools``), started with the
+arguments the operator's pod builder wrote, mapped for this machine in one place
+(``e2e/localcluster/_vllm.py``). Everything asserted here is what vLLM itself
+reported: ``cached_tokens`` from its prefix cache, its ``/metrics``, its pause state.
+
+The tests print the figures the e2e README and the closing notes quote (hit rate over
+a 20-turn session, the recomputation after a move, start times); run with ``-s`` to
+see them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from e2e.helpers import Kubectl
+from e2e.localcluster import BACKED_LABEL, container_id_pid, gpu_pod_tolerations
+from e2e.localcluster._podspec import PodSpecError
+from e2e.localcluster._vllm import (
+    KV_CACHE_BYTES,
+    VllmInstall,
+    is_vllm_image,
+    vllm_argv,
+    vllm_root,
+)
+from e2e.operator import (
+    GROUP,
+    VERSION,
+    Custom,
+    OperatorProcess,
+    bound_to,
+    drain_policy,
+    on_own_nodes,
+    start_router,
+    wait_for,
+    worker_pods,
+)
+from sessionfleet.checkpoint.criu import EngineError, HttpEngine
+from sessionfleet.resources.pods import build_pod
+
+pytestmark = pytest.mark.timeout(600)
+
+MODEL = "tiny-llama"
+SESSION_HEADER = "X-Session-Id"
+#: A long, fixed system prompt, as a coding agent sends: about 2,700 tokens of the
+#: tiny model's vocabulary, so that whole 128-token blocks are cached.
+SYSTEM = " ".join(f"word{i}" for i in range(600))
+#: vLLM caches whole blocks of this many tokens (its cache_config_info says so).
+BLOCK = 128
+#: A long answer: thousands of tokens, streamed for seconds.
+MAX_TOKENS_LONG = 1200
+#: Two engines start at once on two shared cores (about 30 s each alone).
+START_TIMEOUT = 300
+
+
+def vllm_worker(name: str, **spec: Any) -> dict[str, Any]:
+    """An InferenceWorker of the production engine type, on a backed pod."""
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "InferenceWorker",
+        "metadata": {"name": name},
+        "spec": {
+            "model": MODEL,
+            "engine": {"type": "vllm"},
+            "gpus": 1,
+            "template": {"labels": {BACKED_LABEL: "true"}, "tolerations": gpu_pod_tolerations()},
+            **spec,
+        },
+    }
+
+
+@pytest.fixture(scope="module")
+def vllm_install() -> VllmInstall:
+    """The cached vLLM; its absence fails the lane, saying how to install it."""
+    install = VllmInstall(vllm_root())
+    missing = install.missing()
+    if missing is not None:
+        pytest.fail(f"the real-vLLM lane cannot run: {missing}")
+    return install
+
+
+def turn(
+    url: str, session_id: str, history: list[dict[str, str]], text: str, **body: Any
+) -> httpx.Response:
+    """One turn through the router; the conversation grows by the question and answer."""
+    history.append({"role": "user", "content": text})
+    response = httpx.post(
+        f"{url}/v1/chat/completions",
+        json={"model": MODEL, "messages": history, "max_tokens": 8, **body},
+        headers={SESSION_HEADER: session_id},
+        timeout=120,
+    )
+    assert response.status_code == 200, response.text
+    answer = response.json()["choices"][0]["message"]["content"]
+    history.append({"role": "assistant", "content": answer})
+    return response
+
+
+def usage(response: httpx.Response) -> tuple[int, int]:
+    """(prompt tokens, cached tokens) as vLLM reported them."""
+    reported = response.json()["usage"]
+    return reported["prompt_tokens"], reported["prompt_tokens_details"]["cached_tokens"]
+
+
+def engine_counters(endpoint: str) -> dict[str, float]:
+    """vLLM's own prefix-cache counters and KV gauge, read from its /metrics."""
+    wanted = ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total")
+    found: dict[str, float] = {}
+    for line in httpx.get(f"{endpoint}/metrics", timeout=10).text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in wanted:
+            found[name] = found.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+    return found
+
+
+def kill_engine(core: Any, namespace: str, worker: str) -> str:
+    """SIGKILL the engine's whole process group, as a container dying would; its pod."""
+    (pod,) = [
+        core.api_client.sanitize_for_serialization(p)
+        for p in worker_pods(core, namespace, worker)
+        if p.status.phase == "Running"
+    ]
+    pid = container_id_pid(pod)
+    assert pid is not None, pod["status"]
+    os.killpg(pid, signal.SIGKILL)
+    return str(pod["metadata"]["name"])
+
+
+# --- the mapping from pod to process (no cluster) -----------------------------------
+
+
+def test_the_operators_vllm_pod_maps_onto_the_local_engine_in_one_documented_place() -> None:
+    from sessionfleet.api import InferenceWorker
+
+    worker = InferenceWorker.model_validate(
+        {"metadata": {"name": "w", "namespace": "ns", "uid": "u"}, **vllm_worker("w")}
+    )
+    container = build_pod(worker, 1)["spec"]["containers"][0]
+    assert "command" not in container and is_vllm_image(container["image"])
+    install = VllmInstall(Path("/cache"))
+    argv = vllm_argv(install, container["args"], "127.0.5.9")
+    assert argv[:3] == ["/cache/env/bin/vllm", "serve", "/cache/models/tiny-llama"]
+    # The operator's flags pass unchanged, but for the host: each pod has its own IP.
+    for arg in container["args"][1:]:
+        if not arg.startswith("--host"):
+            assert arg in argv, arg
+    assert "--host=127.0.5.9" in argv and "--host=0.0.0.0" not in argv
+    assert argv[argv.index("--served-model-name") + 1] == MODEL
+    assert f"--kv-cache-memory-bytes={KV_CACHE_BYTES}" in argv
+    # What the user sets wins over what the machine adds.
+    mine = vllm_argv(install, ["m", "--max-model-len", "1024"], "127.0.0.2")
+    assert not any(a.startswith("--max-model-len=") for a in mine)
+    for refused in (["m", "--tensor-parallel-size=2"], ["m", "--kv-transfer-config", "{}"]):
+        with pytest.raises(PodSpecError):
+            vllm_argv(install, refused, "127.0.0.2")
+    assert not is_vllm_image("ghcr.io/sessionfleet/sessionfleet:1.0")
+    assert is_vllm_image("registry.example.com/sessionfleet-vllm:0.11.0@sha256:abc")
+
+
+# --- the product against real engines -----------------------------------------------
+
+
+def test_a_session_on_real_vllm_keeps_its_cache_moves_on_a_drain_and_survives_a_crash(
+    vllm_install: VllmInstall,
+    operator: OperatorProcess,
+    crs: Custom,
+    core: Any,
+    cluster: Any,
+    namespace: str,
+    own_nodes: list[str],
+    kubectl: Kubectl,
+    tmp_path: Path,
+) -> None:
+    crs.create(drain_policy("move", mode="Migrate", deadline="5m"))
+    for index, name in enumerate(("a", "b")):
+        crs.create(on_own_nodes(vllm_worker(name), namespace, own_nodes[index]))
+    started = time.monotonic()
+    wait_for(
+        operator,
+        crs.all_in_phase("inferenceworkers", "Ready", 2),
+        timeout=START_TIMEOUT,
+        what="two Ready vLLM workers",
+    )
+    print(f"\ntwo vLLM workers Ready {time.monotonic() - started:.1f} s after they were created")
+    url, router = start_router(cluster.kubeconfig, namespace, "r1", tmp_path)
+    try:
+        # 1. Twenty turns of one session stay on one worker; vLLM's cache grows with them.
+        history = [{"role": "system", "content": SYSTEM}]
+        served_by, prompts, hits = set(), [], []
+        for step in range(20):
+            response = turn(url, "agent", history, f"step {step}: run the tests again")
+            served_by.add(response.headers["x-sessionfleet-worker"])
+            prompt, cached = usage(response)
+            prompts.append(prompt)
+            hits.append(cached)
+        assert len(served_by) == 1, served_by
+        (home,) = served_by
+        other = "b" if home == "a" else "a"
+        assert hits[0] == 0  # a new prefix
+        for before, after in zip(hits[1:], hits[2:], strict=False):
+            assert after >= before  # the cached prefix only grows
+        for before, prompt, cached in zip(prompts, prompts[1:], hits[1:], strict=False):
+            # vLLM caches whole blocks: the previous turn's prompt was cached, in whole
+            # blocks (the last of which may end differently once the answer follows it).
+            assert cached % BLOCK == 0 and cached <= prompt
+            assert cached >= (before // BLOCK - 1) * BLOCK, (before, prompt, cached)
+        hit_rate = sum(hits[1:]) / sum(prompts[1:])
+        print(f"20-turn session on real vLLM: hit rate {hit_rate:.1%} over turns 2-20")
+
+        # 2. The operator reads the engines' real /metrics into the worker's status.
+        endpoint = crs.status("inferenceworkers", home)["endpoint"]
+        counters = engine_counters(endpoint)
+        expected = (
+            100
+            * counters["vllm:prefix_cache_hits_total"]
+            / counters["vllm:prefix_cache_queries_total"]
+        )
+
+        def status_shows_the_engines_hit_rate() -> bool:
+            rate = crs.status("inferenceworkers", home).get("prefixHitRatePercent")
+            return rate is not None and abs(rate - expected) < 0.5
+
+        wait_for(operator, status_shows_the_engines_hit_rate, timeout=30, what="hit rate")
+        assert crs.status("inferenceworkers", other).get("prefixHitRatePercent") in (None, 0)
+
+        # 3. Without development mode vLLM has no /pause: what a criu checkpoint needs.
+        with pytest.raises(EngineError, match="404"):
+            asyncio.run(pause_and_resume(endpoint))
+
+        # 4. A drain with Migrate moves the session at a turn boundary. Without a KV
+        # store (LMCache) the new worker prefills the whole conversation again.
+        (source_node,) = [n for i, n in enumerate(own_nodes) if ("a", "b")[i] == home]
+        name = next(iter(bound_to(crs)))
+        wait_for(
+            operator,
+            lambda: crs.status("agentsessions", name).get("turns") == 20,
+            timeout=30,
+            what="the router's accounting of 20 turns",
+        )
+        recomputed_before = crs.status("agentsessions", name).get("recomputedTokens") or 0
+        kubectl("cordon", source_node)
+        wait_for(
+            operator,
+            lambda: bound_to(crs) == {name: other},
+            timeout=120,
+            what="the session moved to the other worker",
+        )
+        moved = turn(url, "agent", history, "the next turn, after the move")
+        assert moved.headers["x-sessionfleet-worker"] == other
+        prompt, cached = usage(moved)
+        assert cached == 0, "nothing carried the KV state across: a full prefill"
+        (migration,) = crs.status("agentsessions", name)["migrations"]
+        assert migration["to"] == other and migration.get("checkpoint") is None
+        # The router counts the recomputation into the session's status, as vLLM reported it.
+        wait_for(
+            operator,
+            lambda: (
+                (crs.status("agentsessions", name).get("recomputedTokens") or 0)
+                >= recomputed_before + prompt
+            ),
+            timeout=30,
+            what="the move's recomputed tokens in the session's status",
+        )
+        print(f"after the move: {prompt} prompt tokens recomputed on {other} (cached 0)")
+        again = turn(url, "agent", history, "and the turn after that")
+        assert usage(again)[1] >= prompt - BLOCK  # cached on the new worker from now on
+
+        # 5. The engine process dies: a new pod (epoch) serves the session's next turn.
+        killed = kill_engine(core, namespace, other)
+        killed_at = time.monotonic()
+        wait_for(
+            operator,
+            lambda: (
+                (crs.status("inferenceworkers", other).get("epoch") or 0) >= 2
+                and crs.status("inferenceworkers", other).get("phase") == "Ready"
+            ),
+            timeout=START_TIMEOUT,
+            what="a new epoch of the killed worker Ready",
+        )
+        recovered = crs.status("inferenceworkers", other)
+        assert recovered["pod"] != killed
+        print(
+            f"killed vLLM worker Ready again as epoch {recovered['epoch']} "
+            f"{time.monotonic() - killed_at:.1f} s after the kill"
+        )
+        after_crash = turn(url, "agent", history, "after the crash")
+        assert after_crash.headers["x-sessionfleet-worker"] == other
+        assert usage(after_crash)[1] == 0  # a new engine: the prefix is computed again
+        status = crs.status("agentsessions", name)
+        assert status["phase"] == "Bound" and status["worker"] == other
+    finally:
+        router.stop()
+
+
+async def pause_and_resume(endpoint: str) -> None:
+    async with httpx.AsyncClient() as http:
+        engine = HttpEngine(http, endpoint)
+        await engine.pause()
+        await engine.resume()
+
+
+def test_a_paused_real_vllm_holds_its_answer_and_the_operator_sees_its_kv_blocks(
+    vllm_install: VllmInstall,
+    operator: OperatorProcess,
+    crs: Custom,
+    namespace: str,
+    own_nodes: list[str],
+) -> None:
+    # The criu driver pauses the engine before it checkpoints; the operator starts a
+    # criu-checkpointed vLLM worker in development mode, where vLLM serves /pause.
+    worker = vllm_worker("w", checkpoint={"driver": "criu", "storage": {"path": "/tmp"}})
+    crs.create(on_own_nodes(worker, namespace, own_nodes[0]))
+    wait_for(
+        operator,
+        crs.all_in_phase("inferenceworkers", "Ready", 1),
+        timeout=START_TIMEOUT,
+        what="a Ready vLLM worker",
+    )
+    endpoint = crs.status("inferenceworkers", "w")["endpoint"]
+    chunks: list[tuple[float, dict[str, Any]]] = []
+    first = threading.Event()
+
+    def stream() -> None:
+        body = {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": SYSTEM}],
+            "max_tokens": MAX_TOKENS_LONG,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        url = f"{endpoint}/v1/chat/completions"
+        with httpx.stream("POST", url, json=body, timeout=180) as response:
+            for line in response.iter_lines():
+                if line.startswith("data: {"):
+                    chunks.append((time.monotonic(), json.loads(line[6:])))
+                    first.set()
+
+    async def call(action: str) -> bool:
+        async with httpx.AsyncClient() as http:
+            engine = HttpEngine(http, endpoint)
+            # The product's calls: POST /pause?mode=keep, POST /resume.
+            await (engine.pause() if action == "pause" else engine.resume())
+            return bool((await http.get(f"{endpoint}/is_paused")).json()["is_paused"])
+
+    thread = threading.Thread(target=stream, daemon=True)
+    thread.start()
+    assert first.wait(timeout=60), "the answer never started"
+    assert asyncio.run(call("pause")) is True
+    paused_at = time.monotonic()
+
+    # Held, the request keeps its KV blocks (vLLM counts running requests' blocks only):
+    # the operator's scrape of vLLM's /metrics shows them in the worker's status.
+    def kv_in_use() -> int | None:
+        status = crs.status("inferenceworkers", "w")
+        percent = status.get("kvCacheUsagePercent") or 0
+        return percent if (status.get("runningRequests") or 0) >= 1 and percent > 0 else None
+
+    kv_percent = wait_for(operator, kv_in_use, timeout=60, what="KV blocks in use in status")
+    print(f"\nKV cache usage of a held 2,700-token request, as the operator read it: {kv_percent}%")
+    held_until = time.monotonic()
+    assert asyncio.run(call("resume")) is False
+    thread.join(timeout=180)
+    # Nothing streamed while paused (a chunk already on its way may land just after).
+    frozen = [t for t, _ in chunks if paused_at + 0.5 < t < held_until]
+    assert frozen == [], f"{len(frozen)} chunks streamed while paused"
+    # mode=keep: the request was held, not aborted; it finished whole after /resume.
+    final = chunks[-1][1]
+    assert final["usage"]["completion_tokens"] == MAX_TOKENS_LONG, final
+    assert any(t > held_until for t, _ in chunks)
