@@ -101,6 +101,14 @@ bench-operator: e2e-tools $(STAMP)
 bench-failover: e2e-tools $(STAMP)
 	$(PY) bench/operator/failover.py --out build/bench-failover.json $(BENCH_FAILOVER_ARGS)
 
+# Karpenter's consolidation against the operator's holds: from its decision (and its
+# karpenter.sh/disrupted taint) to the node gone, without and with pinned sessions (then
+# from the sessions' finish). BENCH_KARPENTER_ARGS="--rounds 5 --kubeconfig K".
+.PHONY: bench-karpenter
+BENCH_KARPENTER_ARGS ?=
+bench-karpenter: e2e-tools $(STAMP)
+	$(PY) bench/karpenter/run.py --out build/bench-karpenter.json $(BENCH_KARPENTER_ARGS)
+
 # The Endpoint Picker benchmark (bench/README.md, "Endpoint Picker"): decision time and EPP
 # CPU per decision for bound sessions' turns, open loop at 500 and 2,000 streams/s, against
 # a local cluster it starts and stops. Pass options through, e.g.
@@ -123,16 +131,18 @@ bench-fuzz: $(STAMP)
 # router, agent, simulated workers, an agentic workload with a drain and an engine kill,
 # and a report in demo-out/. The cluster stays up; `make demo-down` stops everything.
 #   make demo DEMO_SESSIONS=40 DEMO_DRAIN_MODE=Migrate DEMO_CHECKPOINTS=off DEMO_FAST=1
+#   make demo DEMO_ENGINE=vllm      (w-0 and w-1 on the real vLLM: docs/demo.md)
 .PHONY: demo demo-down demo-status
 DEMO_SESSIONS ?= 0
 DEMO_DRAIN_MODE ?= WaitThenMigrate
 DEMO_CHECKPOINTS ?= on
 DEMO_FAST ?=
+DEMO_ENGINE ?= sim
 DEMO_STATE_DIR ?= .demo-state
-demo: e2e-tools venv
+demo: e2e-tools venv $(if $(filter vllm,$(DEMO_ENGINE)),e2e-vllm-tools,)
 	@$(PY) demo/run.py up --state-dir $(DEMO_STATE_DIR) --sessions $(DEMO_SESSIONS) \
 		--drain-mode $(DEMO_DRAIN_MODE) --checkpoints $(DEMO_CHECKPOINTS) \
-		$(if $(DEMO_FAST),--fast,)
+		--engine $(DEMO_ENGINE) $(if $(DEMO_FAST),--fast,)
 
 demo-down: venv
 	@$(PY) demo/run.py down --state-dir $(DEMO_STATE_DIR)

@@ -3,6 +3,7 @@
 Run by path from the repository root (``.venv/bin/python demo/run.py``)::
 
     demo/run.py [up] [--fast] [--sessions N] [--drain-mode M] [--checkpoints on|off|both]
+                [--engine sim|vllm]
     demo/run.py down | status
 
 ``up`` starts the local cluster (3 KWOK nodes x 4 GPUs), installs the chart, runs the
@@ -198,11 +199,30 @@ def drain_policy(mode: str, fast: bool, checkpoints: bool) -> dict[str, Any]:
     }
 
 
-def worker(name: str, node: str, storage: Path | None, interval: str) -> dict[str, Any]:
-    """Return a simulated-engine InferenceWorker backed by a real process, on ``node``."""
+#: Workers that run the real vLLM with ``--engine vllm``: the one drained (its sessions
+#: move to a simulated engine) and the one killed (it comes back as a new vLLM epoch).
+VLLM_WORKERS = ("w-0", "w-1")
+#: vLLM workers serve the tiny test model (e2e/vllm/README.md), whose 4,096-token context
+#: the demo's longer sessions outgrow: stretched here (random weights either way).
+VLLM_CONTEXT_ARGS = [
+    "--max-model-len=32768",
+    '--hf-overrides={"max_position_embeddings": 32768}',
+]
+
+
+def worker(
+    name: str, node: str, storage: Path | None, interval: str, engine: str = "sim"
+) -> dict[str, Any]:
+    """Return an InferenceWorker backed by a real process on ``node``.
+
+    ``engine``: ``sim`` (the simulated engine) or ``vllm`` (the real vLLM that
+    ``make e2e-vllm-tools`` installs; no checkpoints: its driver needs LMCache).
+    """
     spec: dict[str, Any] = {
         "model": MODEL,
-        "engine": {"type": "sim"},
+        "engine": {"type": "sim"}
+        if engine == "sim"
+        else {"type": "vllm", "args": VLLM_CONTEXT_ARGS},
         "gpus": 1,
         "drainPolicyRef": "demo",
         "template": {
@@ -211,7 +231,7 @@ def worker(name: str, node: str, storage: Path | None, interval: str) -> dict[st
             "nodeSelector": {"kubernetes.io/hostname": node},
         },
     }
-    if storage is not None:
+    if storage is not None and engine == "sim":
         spec["checkpoint"] = {
             "driver": "engine",
             "storage": {"path": str(storage)},
@@ -374,11 +394,16 @@ class Demo:
         for i, name in enumerate(names):
             # Checkpoints "both": the last worker runs without, to show what is lost.
             use = checkpoints and not (args.checkpoints == "both" and i == len(names) - 1)
-            body = worker(name, nodes[i % len(nodes)], storage if use else None, interval)
+            engine = "vllm" if args.engine == "vllm" and name in VLLM_WORKERS else "sim"
+            body = worker(name, nodes[i % len(nodes)], storage if use else None, interval, engine)
             self.crs.create_namespaced_custom_object(
                 GROUP, VERSION, NAMESPACE, "inferenceworkers", body
             )
-        log(f"{len(names)} simulated-engine InferenceWorkers created (pods backed by processes)")
+        real = [n for n in names if args.engine == "vllm" and n in VLLM_WORKERS]
+        log(
+            f"{len(names)} InferenceWorkers created (pods backed by processes)"
+            + (f"; {', '.join(real)} on real vLLM (CPU build, tiny model)" if real else "")
+        )
 
         def ready() -> bool:
             phases = [
@@ -386,7 +411,8 @@ class Demo:
             ]
             return len(phases) == len(names) and all(p == "Ready" for p in phases)
 
-        self.wait(ready, 120, "every worker Ready")
+        # vLLM takes about 30 s to start where the simulated engine takes one.
+        self.wait(ready, 300 if real else 120, "every worker Ready")
         import httpx
 
         self.wait(
@@ -492,7 +518,8 @@ class Demo:
             raise DemoError(f"no engine process found for {name}")
         self.step = f"{name} killed; recovering"
         killed = self.clock()
-        os.kill(pid, signal.SIGKILL)
+        # The whole process group, as a container dies: vLLM runs three processes.
+        os.killpg(pid, signal.SIGKILL)
         ready_at = None
         for _ in range(400):
             await asyncio.sleep(0.25)
@@ -546,9 +573,11 @@ class Demo:
         ticker = asyncio.create_task(self.progress(driver))
         run = asyncio.create_task(driver.run())
         drain = asyncio.create_task(self.drain(driver, nodes[0], drained_workers))
-        kills = [
-            asyncio.create_task(self.kill(driver, survivors[0], args.checkpoints != "off", drain))
-        ]
+        # vLLM workers run without checkpoints (their driver needs LMCache).
+        checkpointed = args.checkpoints != "off" and not (
+            args.engine == "vllm" and survivors[0] in VLLM_WORKERS
+        )
+        kills = [asyncio.create_task(self.kill(driver, survivors[0], checkpointed, drain))]
         if args.checkpoints == "both":
             kills.append(asyncio.create_task(self.kill(driver, names[-1], False, drain)))
         await run
@@ -652,6 +681,12 @@ def main(argv: list[str] | None = None) -> int:
         "--drain-mode", default="WaitThenMigrate", choices=("Wait", "Migrate", "WaitThenMigrate")
     )
     parser.add_argument("--checkpoints", default="on", choices=("on", "off", "both"))
+    parser.add_argument(
+        "--engine",
+        default="sim",
+        choices=("sim", "vllm"),
+        help="vllm: w-0 and w-1 run the real vLLM (make e2e-vllm-tools installs it)",
+    )
     parser.add_argument("--workers", type=int, default=5)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--fast", action="store_true", help="seconds instead of minutes (CI)")

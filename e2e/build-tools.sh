@@ -8,12 +8,14 @@
 #   helm                                                               helm.sh/helm/v3 v3.22.0
 #   promtool                                                           github.com/prometheus/prometheus v0.316.0 (Prometheus 3.16.0)
 #   InferencePool CRDs (not built: YAML copied from the module)       sigs.k8s.io/gateway-api-inference-extension v1.5.0
+#   karpenter (its KWOK cloud provider, + its CRDs)                    sigs.k8s.io/karpenter v1.14.1
 #
 # The versions live in the committed go.mod/go.sum files under e2e/tools/; this script
 # only decides what to (re)build. Output directory (printed at the end):
 #   ${SESSIONFLEET_E2E_TOOLS:-${XDG_CACHE_HOME:-~/.cache}/sessionfleet/k8s-v1.36.3}/bin
 #   .../kwok-stages/{node,pod}/...
 #   .../gaie-crds/*.yaml
+#   .../karpenter-crds/*.yaml
 #
 # Usage: e2e/build-tools.sh [--print-dir]
 set -euo pipefail
@@ -25,6 +27,7 @@ cache_root="${SESSIONFLEET_E2E_TOOLS:-${XDG_CACHE_HOME:-${HOME}/.cache}/sessionf
 bin_dir="${cache_root}/bin"
 stage_dir="${cache_root}/kwok-stages"
 gaie_dir="${cache_root}/gaie-crds"
+karpenter_crds_dir="${cache_root}/karpenter-crds"
 
 if [[ "${1:-}" == "--print-dir" ]]; then
   echo "$cache_root"
@@ -159,6 +162,33 @@ copy_gaie_crds() {
   echo "e2e-tools: GAIE CRDs ${version}: copied to ${gaie_dir}"
 }
 
+# copy_karpenter_crds: the CRDs Karpenter's KWOK provider needs (NodePool, NodeClaim,
+# NodeOverlay, CapacityBuffer from kwok/charts/crds/; KWOKNodeClass from
+# kwok/apis/crds/), copied from the module that bin/karpenter is built from, with a
+# VERSION file naming the release, so no upstream YAML is committed here.
+copy_karpenter_crds() {
+  local module_dir="${tools_src}/karpenter" stamp stamp_file="${karpenter_crds_dir}/.stamp" dir version sub
+  stamp="$(stamp_for "$module_dir" "" kwok/charts/crds+kwok/apis/crds)"
+  if [[ -f "$stamp_file" && "$(cat "$stamp_file")" == "$stamp" ]]; then
+    echo "e2e-tools: Karpenter CRDs: cached"
+    return 0
+  fi
+  dir="$(cd "$module_dir" && go list -m -f '{{.Dir}}' sigs.k8s.io/karpenter)"
+  version="$(cd "$module_dir" && go list -m -f '{{.Version}}' sigs.k8s.io/karpenter)"
+  rm -rf "$karpenter_crds_dir"
+  mkdir -p "$karpenter_crds_dir"
+  for sub in kwok/charts/crds kwok/apis/crds; do
+    if [[ -z "$dir" ]] || ! compgen -G "${dir}/${sub}/*.yaml" >/dev/null; then
+      echo "e2e-tools: Karpenter CRDs: no ${sub}/*.yaml in sigs.k8s.io/karpenter (${dir:-not in the module cache})" >&2
+      exit 1
+    fi
+    install -m 0644 "${dir}/${sub}"/*.yaml "$karpenter_crds_dir"/
+  done
+  echo "$version" >"${karpenter_crds_dir}/VERSION"
+  echo "$stamp" >"$stamp_file"
+  echo "e2e-tools: Karpenter CRDs ${version}: copied to ${karpenter_crds_dir}"
+}
+
 echo "e2e-tools: ${go_version}, cache ${cache_root}"
 echo "e2e-tools: a cold build takes about 15-20 minutes on 2 cores; later runs reuse the cache"
 k8s_mod="${tools_src}/k8s"
@@ -181,7 +211,14 @@ for var in "Version=${prom_release}" "Revision=${prom_module}" "Branch=HEAD" "Bu
   prom_ldflags+=" -X github.com/prometheus/common/version.${var}"
 done
 build_one promtool "${tools_src}/promtool" github.com/prometheus/prometheus/cmd/promtool "$prom_ldflags"
+# Karpenter with its KWOK cloud provider (e2e/test_karpenter.py). The package builds a
+# binary named `kwok`, hence the explicit name. pkg/operator.Version is "the karpenter
+# app version injected during compilation" (its user agent and start-up log).
+karpenter_version="$(sed -n 's|^[[:space:]]*sigs.k8s.io/karpenter \(v[^ ]*\).*$|\1|p' "${tools_src}/karpenter/go.mod")"
+build_one karpenter "${tools_src}/karpenter" sigs.k8s.io/karpenter/kwok \
+  "-s -w -X sigs.k8s.io/karpenter/pkg/operator.Version=${karpenter_version}"
 copy_kwok_stages
 copy_gaie_crds
+copy_karpenter_crds
 
 echo "e2e-tools: done in $((SECONDS - started_all)) s (${built} built, ${reused} cached): ${bin_dir}"

@@ -27,7 +27,7 @@ from e2e.localcluster import (
     find_tools,
     gpu_node_manifest,
 )
-from e2e.operator import Custom, OperatorProcess
+from e2e.operator import CHART_ELECTION_ARGS, Custom, OperatorProcess
 
 
 @pytest.fixture(scope="session")
@@ -158,6 +158,17 @@ def operator(
 ) -> Iterator[OperatorProcess]:
     """A running operator for the test's namespace; its log is shown when a test fails."""
     process = OperatorProcess(cluster.kubeconfig, namespace, tmp_path)
+    process.start()
+    yield process
+    process.stop()
+
+
+@pytest.fixture
+def steady_operator(
+    cluster: LocalCluster, namespace: str, crds_installed: None, tmp_path: Path
+) -> Iterator[OperatorProcess]:
+    """``operator`` with the chart's Lease timings (``CHART_ELECTION_ARGS``)."""
+    process = OperatorProcess(cluster.kubeconfig, namespace, tmp_path, *CHART_ELECTION_ARGS)
     process.start()
     yield process
     process.stop()

@@ -22,6 +22,10 @@ GROUP, VERSION = "sessionfleet.dev", "v1alpha1"
 WORKER_LABEL = "sessionfleet.dev/worker"
 ELECTION_ARGS = ("--lease-duration=6s", "--renew-deadline=4s", "--retry-period=1s")
 """Shorter than the defaults (15 s, 10 s, 2 s), so a replaced operator leads sooner."""
+CHART_ELECTION_ARGS = ("--lease-duration=15s", "--renew-deadline=10s", "--retry-period=2s")
+"""The chart's timings, for tests that run for minutes on a busy machine and test no
+failover: with a 4 s renew deadline one slow renewal stops the operator mid-test (a
+leader that loses its Lease exits), leaving its holds up."""
 
 
 def free_port() -> int:

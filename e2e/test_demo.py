@@ -3,7 +3,8 @@
 The demo starts its own control plane in a temporary state dir (its drain must not
 disturb the shared cluster's tests) and is always stopped, whatever happens. One run
 with ``--checkpoints both`` kills two engines: one of a worker with checkpoints (its
-sessions resume from the restored cache) and one without (they recompute).
+sessions resume from the restored cache) and one without (they recompute). Another
+runs two of its workers on the real vLLM (``--engine vllm``).
 """
 
 from __future__ import annotations
@@ -117,6 +118,43 @@ def test_fast_demo_report_invariants(fast_run: tuple[dict[str, Any], str]) -> No
     _the_drain_was_held_then_completed_and_moved_sessions_hit_the_cache(fast_run)
     _a_restored_worker_serves_from_cache_and_one_without_checkpoints_recomputes(fast_run)
     _the_report_files_and_the_simulator_comparison(fast_run)
+
+
+@pytest.mark.timeout(400)
+def test_the_fast_demo_with_two_workers_on_real_vllm(tmp_path: Path) -> None:
+    # DEMO_ENGINE=vllm: w-0 (drained) and w-1 (killed) run the real vLLM, without
+    # checkpoints; the other three the simulated engine.
+    state, out = tmp_path / "state", tmp_path / "out"
+    try:
+        result = demo(
+            "up",
+            "--fast",
+            "--engine=vllm",
+            f"--state-dir={state}",
+            f"--out-dir={out}",
+            "--down-after",
+            timeout=360,
+        )
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+        report = json.loads((out / "report.json").read_text())
+    finally:
+        demo("down", f"--state-dir={state}", timeout=60)
+    pods = state / "cluster" / "pods" / "sessionfleet-demo"
+    for pod in ("w-0-1", "w-1-1", "w-1-2"):
+        first_line = (pods / pod / "engine.log").read_text().splitlines()[0]
+        assert "vllm serve" in first_line, first_line
+    assert "sim-engine" in (pods / "w-2-1" / "engine.log").read_text().splitlines()[0]
+    totals = report["totals"]
+    assert totals["sessions_ok"] == totals["sessions"]
+    assert totals["turns"] == totals["planned_turns"]
+    drain = report["drain"]
+    assert drain["held"] and drain["completed"], drain
+    (recovery,) = report["recoveries"]
+    assert recovery["worker"] == "w-1" and recovery["checkpoints"] == "off", recovery
+    assert recovery["epoch_after"] == recovery["epoch_before"] + 1 and recovery["ready"]
+    for turn in recovery["sessions"]:
+        # A new vLLM process: the prefix is computed again, as vLLM reports it.
+        assert turn["recomputed_tokens"] > turn["prefix_tokens"] // 2, turn
 
 
 @pytest.mark.timeout(60)

@@ -105,6 +105,19 @@ def test_location_and_name() -> None:
     assert name == "w-periodic-e3-20261129-120000"
 
 
+def test_two_drain_batches_in_one_second_get_two_names() -> None:
+    # A drain moves sessions as the routers acknowledge them, one batch per pass, and
+    # two passes can fall within one second. With one name per second the second
+    # batch's create got 409 and its sessions moved without their cache, silently (as
+    # in e2e/test_karpenter.py's spot interruption, three sessions and a router).
+    first = checkpoint_name("w", CheckpointReason.DRAIN, 1, NOW, ("id-a", "id-b"))
+    second = checkpoint_name("w", CheckpointReason.DRAIN, 1, NOW, ("id-c",))
+    assert first != second
+    assert first.startswith("w-drain-e1-20261129-120000-")
+    # The same batch retried within the second still meets its own object.
+    assert first == checkpoint_name("w", CheckpointReason.DRAIN, 1, NOW, ("id-b", "id-a"))
+
+
 def test_a_running_checkpoint_nobody_runs_is_abandoned_after_the_timeout() -> None:
     from datetime import UTC, datetime, timedelta
 

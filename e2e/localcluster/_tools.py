@@ -23,11 +23,12 @@ BINARIES = (
     "kwok",
     "helm",
     "promtool",
+    "karpenter",
 )
 
 
 class ToolsMissingError(RuntimeError):
-    """A tool binary or the KWOK stage files are missing from the tools cache."""
+    """A tool binary, the KWOK stage files or a CRD folder are missing from the tools cache."""
 
 
 def tools_root() -> Path:
@@ -45,7 +46,7 @@ def tools_root() -> Path:
 
 @dataclass(frozen=True)
 class Tools:
-    """Paths of the built tools: binaries under ``bin/``, KWOK's Stage YAMLs, GAIE's CRDs."""
+    """Paths of the built tools: binaries under ``bin/``, KWOK's Stage YAMLs, CRDs."""
 
     root: Path
 
@@ -68,6 +69,15 @@ class Tools:
         """
         return self.root / "gaie-crds"
 
+    @property
+    def karpenter_crds_dir(self) -> Path:
+        """Karpenter's CRDs (NodePool, NodeClaim, KWOKNodeClass, ...), from its Go module.
+
+        Copied from ``kwok/charts/crds/`` and ``kwok/apis/crds/`` of the release pinned
+        in ``e2e/tools/karpenter/go.mod``; ``VERSION`` beside them names it.
+        """
+        return self.root / "karpenter-crds"
+
     def binary(self, name: str) -> Path:
         """Return the path of one binary (see ``BINARIES``)."""
         return self.bin_dir / name
@@ -87,6 +97,11 @@ class Tools:
         """The pinned promtool (Prometheus's rule checker and rule unit-test runner)."""
         return self.binary("promtool")
 
+    @property
+    def karpenter(self) -> Path:
+        """Karpenter built with its KWOK cloud provider (``sigs.k8s.io/karpenter/kwok``)."""
+        return self.binary("karpenter")
+
 
 def find_tools() -> Tools:
     """Locate the tools cache and check that every binary and the stages exist.
@@ -100,6 +115,8 @@ def find_tools() -> Tools:
         missing.append("kwok-stages")
     if not (tools.gaie_crds_dir / "VERSION").is_file():
         missing.append("gaie-crds")
+    if not (tools.karpenter_crds_dir / "VERSION").is_file():
+        missing.append("karpenter-crds")
     if missing:
         raise ToolsMissingError(
             f"e2e tools missing from {tools.root}: {', '.join(missing)}; "

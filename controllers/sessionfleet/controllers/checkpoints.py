@@ -205,7 +205,7 @@ async def create(
 ) -> CheckpointState | None:
     """Create a WorkerCheckpoint object owned by the worker; return its state."""
     epoch = record.status.epoch or 0
-    name = checkpoint_name(record.name, reason, epoch, now)
+    name = checkpoint_name(record.name, reason, epoch, now, sessions)
     body = build_checkpoint(worker, name, record.namespace, record.name, reason, sessions)
     key = (record.namespace, name)
     fleet.created_checkpoints.add(key)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -136,7 +137,24 @@ def checkpoint_location(
     return f"{storage_path.rstrip('/')}/{namespace}/{worker}/{name}"
 
 
-def checkpoint_name(worker: str, reason: CheckpointReason, epoch: int, now: datetime) -> str:
-    """Return a unique, sortable name for a checkpoint the operator creates."""
+def checkpoint_name(
+    worker: str,
+    reason: CheckpointReason,
+    epoch: int,
+    now: datetime,
+    sessions: Sequence[str] = (),
+) -> str:
+    """Return a unique, sortable name for a checkpoint the operator creates.
+
+    The name is per second, so that a create retried within the second meets its own
+    object (409) instead of making a second checkpoint. A per-session checkpoint also
+    carries a digest of its sessions: a drain moves sessions in batches, as the routers
+    acknowledge them, and two batches within one second must get two checkpoints, not
+    a conflict that would move the second batch without its cache.
+    """
     stamp = now.strftime("%Y%m%d-%H%M%S")
-    return f"{worker}-{reason.value.lower()}-e{epoch}-{stamp}"[:253]
+    name = f"{worker}-{reason.value.lower()}-e{epoch}-{stamp}"
+    if sessions:
+        digest = hashlib.sha256("\n".join(sorted(sessions)).encode()).hexdigest()[:8]
+        name = f"{name}-{digest}"
+    return name[:253]
