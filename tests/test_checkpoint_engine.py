@@ -111,7 +111,15 @@ async def test_restore_args_and_errors(start: Start, tmp_path: Path) -> None:
         assert driver.restore_args(EngineType.SIM, "/c/x") == ["--import-cache=/c/x"]
         assert driver.restore_args(EngineType.VLLM, "/c/x") == []
         base = await start()
+        # A session with no turn on the engine has nothing to save; the others in the
+        # batch are saved (a drain batch once failed whole for one such session).
+        await turn(base, "known")
+        saved = await driver.save(target(base, tmp_path / "b", ("unknown-session", "known")))
+        assert set(saved.sessions) == {"known"} and saved.sessions["known"] > 0
+        nothing = await driver.save(target(base, tmp_path / "c", ("unknown-session",)))
+        assert nothing.sessions == {} and nothing.size_bytes == 0
+        # A 404 that is not the engine's own (no such route) is still an error.
         with pytest.raises(DriverError, match="404"):
-            await driver.save(target(base, tmp_path, ("unknown-session",)))
+            await driver._call(target(base, tmp_path), "/no/such/route", {"session": "s"})
         with pytest.raises(DriverError, match="unreachable"):
             await driver.save(target("http://127.0.0.1:9", tmp_path))

@@ -301,6 +301,10 @@ async def test_methods_paths_and_sizes(fleet: Fleet, http: aiohttp.ClientSession
     assert status == 413 and body["error"]["code"] == "body_too_large"
     async with http.get(url + "/v1/models") as r:
         assert [m["id"] for m in (await r.json())["data"]] == [MODEL]
+    async with http.get(url + f"/v1/models/{MODEL}") as r:
+        assert r.status == 200 and (await r.json())["id"] == MODEL
+    async with http.get(url + "/v1/models/org/unknown-model") as r:
+        assert r.status == 404 and (await r.json())["error"]["code"] == "model_not_found"
 
 
 async def test_no_ready_worker_and_unreachable_worker(

@@ -26,6 +26,10 @@ from sessionfleet.checkpoint.driver import CheckpointOutcome, CheckpointTarget, 
 from sessionfleet.checkpoint.paths import session_directory
 
 
+class UnknownToEngine(DriverError):
+    """The engine holds nothing for a session (it has had no turn there): nothing to save."""
+
+
 class EngineDriver:
     """Checkpoints through the engine's own export and import."""
 
@@ -42,6 +46,8 @@ class EngineDriver:
             )
         except httpx.HTTPError as error:
             raise DriverError(f"engine at {target.endpoint} unreachable: {error!r}") from error
+        if response.status_code == 404 and "session" in body and _not_found(response):
+            raise UnknownToEngine(f"engine at {target.endpoint}: {response.text[:300]}")
         if response.is_error:
             raise DriverError(
                 f"engine at {target.endpoint} answered {response.status_code} to {path}: "
@@ -61,7 +67,12 @@ class EngineDriver:
             body: dict[str, Any] = {"directory": directory}
             if session is not None:
                 body["session"] = session
-            answer = await self._call(target, "/sim/cache/export", body)
+            try:
+                answer = await self._call(target, "/sim/cache/export", body)
+            except UnknownToEngine:
+                # A session bound here that has had no turn yet has no cache to carry: a
+                # drain batch moves it without one, and the rest of the batch with theirs.
+                continue
             sessions.update(_session_tokens(answer))
             size += int(answer.get("bytes", 0))
         return CheckpointOutcome(
@@ -88,6 +99,15 @@ class EngineDriver:
     def restore_args(self, engine: EngineType, location: str) -> list[str]:
         """Start a new simulated engine from the checkpoint; vLLM needs nothing extra."""
         return [f"--import-cache={location}"] if engine is EngineType.SIM else []
+
+
+def _not_found(response: httpx.Response) -> bool:
+    """Whether the engine's own JSON error says not found (not a missing route's 404)."""
+    try:
+        error = response.json().get("error", {})
+    except (ValueError, AttributeError):
+        return False
+    return isinstance(error, dict) and error.get("type") == "NotFoundError"
 
 
 def _directory(location: str, session: str | None) -> str:

@@ -146,6 +146,11 @@ class _Turn:
     """Bytes of the in-flight body budget this request holds."""
 
 
+def _model_object(model: str) -> dict[str, str]:
+    """Return a model as OpenAI's model endpoints list it."""
+    return {"id": model, "object": "model", "owned_by": "sessionfleet"}
+
+
 def _stream_error(error: BaseException, *, anthropic: bool) -> bytes:
     """Return the server-sent event telling a client its stream broke at the worker.
 
@@ -508,11 +513,22 @@ class Proxy:
 
     # --- other endpoints -----------------------------------------------------------------
 
+    def _served_models(self) -> list[str]:
+        return sorted({w.model for w in self.table.workers.values() if w.ready})
+
     async def models(self, _: web.Request) -> web.Response:
         """``GET /v1/models``: the models Ready workers serve."""
-        models = sorted({w.model for w in self.table.workers.values() if w.ready})
-        data = [{"id": m, "object": "model", "owned_by": "sessionfleet"} for m in models]
+        data = [_model_object(m) for m in self._served_models()]
         return web.json_response({"object": "list", "data": data})
+
+    async def model(self, request: web.Request) -> web.Response:
+        """``GET /v1/models/{model}`` (the OpenAI SDKs' ``models.retrieve``); ids may hold ``/``."""
+        model = request.match_info["model"]
+        if model not in self._served_models():
+            return RouterError(
+                404, "model_not_found", f"no Ready worker serves the model {model!r}"
+            ).response()
+        return web.json_response(_model_object(model))
 
     async def not_found(self, request: web.Request) -> web.Response:
         """Any other path or method."""

@@ -119,6 +119,7 @@ class Router:
         app.router.add_get("/readyz", self._readyz)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/v1/models/{model:.+}", self._model)
         app.router.add_post("/v1/{path:.+}", self._handle)
         app.router.add_route("*", "/{path:.*}", self._not_found)
         return app
@@ -199,6 +200,9 @@ class Router:
 
     async def _models(self, request: web.Request) -> web.StreamResponse:
         return await self.proxy.models(request)
+
+    async def _model(self, request: web.Request) -> web.StreamResponse:
+        return await self.proxy.model(request)
 
     async def _not_found(self, request: web.Request) -> web.StreamResponse:
         return await self.proxy.not_found(request)
