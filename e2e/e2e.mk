@@ -14,7 +14,8 @@
 # The cluster CLI is run by path, not with -m: see e2e/localcluster/__main__.py.
 E2E_CLUSTER := $(PY) e2e/localcluster
 E2E_STATE_DIR ?= .e2e-state
-E2E_PYTEST_ARGS ?= -n 2
+# --durations: the slowest tests, in every run's output, to see where the wall time goes.
+E2E_PYTEST_ARGS ?= -n 2 --durations=15
 # A backstop per test; the test modules set tighter bounds with pytest-timeout marks.
 E2E_TIMEOUT ?= 300
 
