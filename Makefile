@@ -109,6 +109,14 @@ BENCH_KARPENTER_ARGS ?=
 bench-karpenter: e2e-tools $(STAMP)
 	$(PY) bench/karpenter/run.py --out build/bench-karpenter.json $(BENCH_KARPENTER_ARGS)
 
+# Memory of the operator's session indexes and the router's binding table at 10,000 and
+# 100,000 sessions, and the CPU of parsing one AgentSession (bench/README.md, "Scale:
+# memory"); no cluster. BENCH_SCALE_ARGS="--sessions 1000,10000".
+.PHONY: bench-scale-memory
+BENCH_SCALE_ARGS ?=
+bench-scale-memory: $(STAMP)
+	$(PY) bench/scale/memory.py --out build/bench-scale-memory.json $(BENCH_SCALE_ARGS)
+
 # The Endpoint Picker benchmark (bench/README.md, "Endpoint Picker"): decision time and EPP
 # CPU per decision for bound sessions' turns, open loop at 500 and 2,000 streams/s, against
 # a local cluster it starts and stops. Pass options through, e.g.

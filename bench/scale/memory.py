@@ -1,0 +1,187 @@
+"""What 10,000 and 100,000 live sessions cost in memory, in the operator and the router.
+
+No cluster: synthetic AgentSession objects shaped as the API server returns them to the
+operator and the routers (metadata with labels, an annotation and managedFields; a spec
+as routers create it; a Bound status with the usage counters and a condition, as the
+operator and routers write it), then, measured with tracemalloc (Python heap, not RSS):
+
+* the objects themselves: what a cache of whole objects (a LIST's answer) holds;
+* the router's binding table after ``replace_sessions`` (what a relist builds);
+* the operator's session indexes: handlers.py indexes each AgentSession twice (by name
+  and by bound worker), each entry a ``session_record`` of the object.
+
+Also the CPU of one ``session_record`` (a pydantic validation of the whole object),
+which the operator pays twice per event.
+
+    .venv/bin/python bench/scale/memory.py [--sessions 10000,100000] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import sys
+import time
+import tracemalloc
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.append(str(REPO))
+
+from sessionfleet.controllers.records import session_record  # noqa: E402
+from sessionfleet.router.bindings import BindingTable  # noqa: E402
+
+GROUP_VERSION = "sessionfleet.dev/v1alpha1"
+NAMESPACE = "agents"
+WORKERS = 500
+
+
+def agent_session(index: int) -> dict[str, Any]:
+    """One live, Bound session as the API server returns it."""
+    name = f"s-{index:06d}-{index * 7919 % 1000003:07d}"
+    worker = f"w-{index % WORKERS:03d}"
+    stamp = "2026-12-01T12:00:00Z"
+    return {
+        "apiVersion": GROUP_VERSION,
+        "kind": "AgentSession",
+        "metadata": {
+            "name": name,
+            "namespace": NAMESPACE,
+            "uid": f"00000000-0000-4000-8000-{index:012d}",
+            "resourceVersion": str(100000 + index),
+            "generation": 1,
+            "creationTimestamp": stamp,
+            "labels": {
+                "app.kubernetes.io/managed-by": "sessionfleet",
+                "sessionfleet.dev/client": "ClaudeCode",
+                "sessionfleet.dev/model": "qwen3-coder",
+            },
+            "annotations": {"ack.sessionfleet.dev/router-0": stamp},
+            "managedFields": [
+                {
+                    "manager": "sessionfleet-router",
+                    "operation": "Update",
+                    "apiVersion": GROUP_VERSION,
+                    "time": stamp,
+                    "fieldsType": "FieldsV1",
+                    "fieldsV1": {"f:spec": {".": {}, "f:sessionId": {}, "f:model": {}}},
+                },
+                {
+                    "manager": "sessionfleet-operator",
+                    "operation": "Update",
+                    "apiVersion": GROUP_VERSION,
+                    "time": stamp,
+                    "fieldsType": "FieldsV1",
+                    "subresource": "status",
+                    "fieldsV1": {"f:status": {".": {}, "f:phase": {}, "f:worker": {}}},
+                },
+            ],
+        },
+        "spec": {
+            "sessionId": f"claude-code-{index:08d}-4f1c-9a2b",
+            "model": "qwen3-coder",
+            "workerHint": worker,
+        },
+        "status": {
+            "phase": "Bound",
+            "worker": worker,
+            "pod": f"{worker}-1",
+            "epoch": 1,
+            "boundAt": stamp,
+            "observedGeneration": 1,
+            "turns": 12,
+            "promptTokens": 480000,
+            "cachedTokens": 451000,
+            "completionTokens": 9000,
+            "recomputedTokens": 3100,
+            "hitRatePercent": 93.96,
+            "lastActivity": stamp,
+            "firstTurnAt": stamp,
+            "firstTurnUncachedTokens": 25900,
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": "True",
+                    "reason": "Bound",
+                    "message": f"bound to {worker}",
+                    "lastTransitionTime": stamp,
+                    "observedGeneration": 1,
+                }
+            ],
+        },
+    }
+
+
+def heap_of(build: Callable[[], Any]) -> tuple[Any, int]:
+    """Build something; return it and the Python heap it holds."""
+    gc.collect()
+    before = tracemalloc.get_traced_memory()[0]
+    built = build()
+    gc.collect()
+    return built, tracemalloc.get_traced_memory()[0] - before
+
+
+def operator_indexes(objects: list[dict[str, Any]]) -> tuple[dict[Any, Any], dict[Any, Any]]:
+    """The two kopf indexes handlers.py keeps of AgentSessions, with their values."""
+    by_name: dict[Any, Any] = {}
+    by_worker: dict[Any, Any] = {}
+    for obj in objects:
+        meta = obj["metadata"]
+        by_name[(meta["namespace"], meta["name"])] = session_record(obj)
+        state = session_record(obj)
+        if state.worker:
+            by_worker.setdefault((meta["namespace"], state.worker), []).append(state)
+    return by_name, by_worker
+
+
+def measure(count: int) -> dict[str, Any]:
+    tracemalloc.start()
+    objects, raw = heap_of(lambda: [agent_session(i) for i in range(count)])
+    table, table_bytes = heap_of(lambda: _table(objects))
+    indexes, index_bytes = heap_of(lambda: operator_indexes(objects))
+    tracemalloc.stop()  # it slows allocation: the CPU figure is taken without it
+    started = time.process_time()
+    sample = objects[: min(count, 5000)]
+    for obj in sample:
+        session_record(obj)
+    parse_us = (time.process_time() - started) / len(sample) * 1e6
+    del table, indexes
+    return {
+        "sessions": count,
+        "objects_mib": round(raw / 2**20, 1),
+        "object_bytes": raw // count,
+        "router_table_mib": round(table_bytes / 2**20, 1),
+        "router_bytes_per_session": table_bytes // count,
+        "operator_indexes_mib": round(index_bytes / 2**20, 1),
+        "operator_bytes_per_session": index_bytes // count,
+        "session_record_cpu_us": round(parse_us, 1),
+    }
+
+
+def _table(objects: list[dict[str, Any]]) -> BindingTable:
+    table = BindingTable()
+    table.replace_sessions(objects)
+    return table
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sessions", default="10000,100000")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    results = []
+    for count in (int(n) for n in args.sessions.split(",")):
+        result = measure(count)
+        results.append(result)
+        print(json.dumps(result), flush=True)
+    if args.out:
+        args.out.write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
