@@ -17,10 +17,10 @@ from sessionfleet.api import GROUP, VERSION
 from sessionfleet.controllers import loop
 from sessionfleet.controllers.fleet import Fleet
 from sessionfleet.controllers.records import (
+    SharedRecords,
     checkpoint_record,
     lease_record,
     policy_record,
-    session_record,
     worker_record,
 )
 from sessionfleet.controllers.sessions import reconcile_session
@@ -125,18 +125,22 @@ async def pdb_index(
     return {(namespace, labels[WORKER_LABEL]): body["metadata"]["name"]}
 
 
+#: Both AgentSession indexes see each event's body: they share one parsed record.
+session_records = SharedRecords()
+
+
 @kopf.index(*SESSIONS)
 async def session_index(
     body: kopf.Body, namespace: str | None, name: str, **_: Any
 ) -> dict[Any, Any]:
     """AgentSessions by (namespace, name)."""
-    return {(namespace, name): session_record(body)}
+    return {(namespace, name): session_records(body)}
 
 
 @kopf.index(*SESSIONS)
 async def session_worker_index(body: kopf.Body, namespace: str | None, **_: Any) -> dict[Any, Any]:
     """AgentSessions by (namespace, bound worker); unbound ones are not indexed."""
-    state = session_record(body)
+    state = session_records(body)
     return {(namespace, state.worker): state} if state.worker else {}
 
 
@@ -226,7 +230,7 @@ async def session_event(
     if event.get("type") == "DELETED":
         fleet.ledger.settle((namespace or "", name))
         return
-    state = session_record(body)
+    state = session_records(body)
     fleet.ledger.observe(state.key, state.worker)  # the index shows this event now
     new = state.worker is None and state.phase is None and not state.finished
     if new and fleet.leadership.leading:  # a standby only keeps its indexes
