@@ -74,6 +74,15 @@ class FakeKube:
         ]
         return items, str(self.revision)
 
+    async def pages(
+        self, resource: Resource, namespace: str | None = None, **_: Any
+    ) -> AsyncIterator[tuple[list[dict[str, Any]], str | None]]:
+        # Two pages, as a chunked LIST answers: the resourceVersion comes with the last.
+        items, version = await self.list(resource, namespace)
+        half = len(items) // 2
+        yield items[:half], None
+        yield items[half:], version
+
     async def watch(
         self,
         resource: Resource,

@@ -6,7 +6,9 @@ as routers create it; a Bound status with the usage counters and a condition, as
 operator and routers write it), then, measured with tracemalloc (Python heap, not RSS):
 
 * the objects themselves: what a cache of whole objects (a LIST's answer) holds;
-* the router's binding table after ``replace_sessions`` (what a relist builds);
+* the router's binding table after ``replace_sessions`` (what a relist builds), and the
+  peak heap of a relist through the router's reflector, the LIST read in pages of 500:
+  keeping the objects until the table is rebuilt, or turning each page into views;
 * the operator's session indexes, filled by its own index functions (handlers.py): each
   AgentSession by name and by bound worker, the two sharing one record per version.
 
@@ -35,7 +37,9 @@ if str(REPO) not in sys.path:
 
 from sessionfleet.controllers import handlers  # noqa: E402
 from sessionfleet.controllers.records import session_record  # noqa: E402
-from sessionfleet.router.bindings import BindingTable  # noqa: E402
+from sessionfleet.kube import SESSIONS  # noqa: E402
+from sessionfleet.kube.reflector import reflect  # noqa: E402
+from sessionfleet.router.bindings import BindingTable, SessionView  # noqa: E402
 
 GROUP_VERSION = "sessionfleet.dev/v1alpha1"
 NAMESPACE = "agents"
@@ -147,6 +151,48 @@ def operator_indexes(objects: list[dict[str, Any]]) -> tuple[dict[Any, Any], dic
     return asyncio.run(fill())
 
 
+class Pager:
+    """Answers a chunked LIST of ``count`` sessions, 500 a page, each page decoded anew."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+
+    async def pages(self, *_: Any, **__: Any) -> Any:
+        for start in range(0, self.count, 500):
+            stop = min(start + 500, self.count)
+            yield (
+                [agent_session(i) for i in range(start, stop)],
+                (str(self.count) if stop == self.count else None),
+            )
+
+
+def relist_peak(count: int, *, views: bool) -> int:
+    """Peak heap while a router's reflector relists ``count`` sessions into its table."""
+
+    async def relist() -> BindingTable:
+        table = BindingTable()
+        pager: Any = Pager(count)
+        if views:
+            events = reflect(pager, SESSIONS, NAMESPACE, convert=SessionView.from_object)
+        else:
+            events = reflect(pager, SESSIONS, NAMESPACE)
+        sync = await anext(events)
+        if views:
+            table.replace_session_views(sync.items)
+        else:
+            table.replace_sessions(sync.items)
+        await events.aclose()
+        return table
+
+    gc.collect()
+    tracemalloc.start()
+    table = asyncio.run(relist())
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    del table
+    return peak
+
+
 def measure(count: int) -> dict[str, Any]:
     tracemalloc.start()
     objects, raw = heap_of(lambda: [agent_session(i) for i in range(count)])
@@ -159,8 +205,12 @@ def measure(count: int) -> dict[str, Any]:
         session_record(obj)
     parse_us = (time.process_time() - started) / len(sample) * 1e6
     del table, indexes
+    peak_objects = relist_peak(count, views=False)
+    peak_views = relist_peak(count, views=True)
     return {
         "sessions": count,
+        "relist_peak_objects_mib": round(peak_objects / 2**20, 1),
+        "relist_peak_views_mib": round(peak_views / 2**20, 1),
         "objects_mib": round(raw / 2**20, 1),
         "object_bytes": raw // count,
         "router_table_mib": round(table_bytes / 2**20, 1),

@@ -38,6 +38,10 @@ def _ssl_context(config: KubeConfig) -> ssl.SSLContext | bool:
     return context
 
 
+Page = list[dict[str, Any]]
+"""One page of a chunked LIST (the name, because ``Kube.list`` hides the builtin)."""
+
+
 class Kube:
     """An API client bound to one cluster. Use as ``async with Kube(config) as kube``."""
 
@@ -130,6 +134,32 @@ class Kube:
     ) -> tuple[list[dict[str, Any]], str]:
         """Return every object and the list's resourceVersion, fetched in chunks."""
         items: list[dict[str, Any]] = []
+        version = ""
+        async for page, last in self.pages(
+            resource,
+            namespace,
+            label_selector=label_selector,
+            field_selector=field_selector,
+            chunk=chunk,
+        ):
+            items.extend(page)
+            version = last or version
+        return items, version
+
+    async def pages(
+        self,
+        resource: Resource,
+        namespace: str | None = None,
+        *,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        chunk: int = 500,
+    ) -> AsyncIterator[tuple[Page, str | None]]:
+        """Yield a chunked LIST page by page; the last page carries the resourceVersion.
+
+        A caller that turns each page into something smaller as it comes never holds
+        the whole list of objects: a relist of 100,000 sessions is 4 KB each.
+        """
         params: dict[str, str | int] = {"limit": chunk}
         if label_selector:
             params["labelSelector"] = label_selector
@@ -137,11 +167,12 @@ class Kube:
             params["fieldSelector"] = field_selector
         while True:
             page = await self.request("GET", resource.path(namespace), params=params)
-            items.extend(page.get("items") or [])
             meta = page.get("metadata") or {}
-            if not meta.get("continue"):
-                return items, str(meta.get("resourceVersion", ""))
-            params["continue"] = meta["continue"]
+            more = meta.get("continue")
+            yield page.get("items") or [], None if more else str(meta.get("resourceVersion", ""))
+            if not more:
+                return
+            params["continue"] = more
 
     async def create(
         self, resource: Resource, body: Mapping[str, Any], namespace: str | None = None

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,11 +20,19 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class Event:
-    """One change: ``SYNC`` carries the complete list (after start or a relist)."""
+    """One change: ``SYNC`` carries the complete list (after start or a relist).
+
+    The list's items are what ``reflect``'s ``convert`` made of each object (the object
+    itself by default); the other events carry the object.
+    """
 
     type: str
     obj: dict[str, Any] | None = None
-    items: tuple[dict[str, Any], ...] = ()
+    items: tuple[Any, ...] = ()
+
+
+def _as_is(obj: dict[str, Any]) -> Any:
+    return obj
 
 
 async def reflect(
@@ -34,6 +42,7 @@ async def reflect(
     *,
     label_selector: str | None = None,
     retry_delay: float = 1.0,
+    convert: Callable[[dict[str, Any]], Any] = _as_is,
 ) -> AsyncIterator[Event]:
     """Yield a SYNC event with every object, then ADDED/MODIFIED/DELETED events.
 
@@ -42,15 +51,25 @@ async def reflect(
     is listed again. Only when that version has expired (410 Gone: after a long
     outage, an API server restart, a compaction) does it list again and yield a fresh
     SYNC, so a consumer that replaces its state on SYNC never drifts.
+
+    The list is read in chunks and each chunk passed through ``convert`` as it comes,
+    so a consumer that keeps less than the object (the router's views) never holds the
+    whole list of objects at once.
     """
     resource_version = ""
     while True:
         try:
             if not resource_version:
-                items, resource_version = await kube.list(
+                items: list[Any] = []
+                listed = ""
+                async for page, last in kube.pages(
                     resource, namespace, label_selector=label_selector
-                )
+                ):
+                    items.extend(convert(obj) for obj in page)
+                    listed = last or listed
+                resource_version = listed
                 yield Event("SYNC", items=tuple(items))
+                del items
             async for kind, obj in kube.watch(
                 resource,
                 namespace,

@@ -280,11 +280,15 @@ class BindingTable:
             self._notify()
 
     def replace_sessions(self, objects: Iterable[Mapping[str, Any]]) -> None:
-        """Replace every session with a fresh list (after a LIST)."""
+        """Replace every session with a fresh list of objects (after a LIST)."""
+        self.replace_session_views(SessionView.from_object(obj) for obj in objects)
+
+    def replace_session_views(self, views: Iterable[SessionView]) -> None:
+        """Replace every session with a fresh list, read into views as it was listed."""
         self._sessions.clear()
         self._pinned.clear()
-        for obj in objects:
-            self._add_session(SessionView.from_object(obj))
+        for view in views:
+            self._add_session(view)
         self.sessions_synced = True
         self._notify()
 

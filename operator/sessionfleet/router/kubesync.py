@@ -69,9 +69,9 @@ async def watch_sessions(
     kube: Kube, namespace: str, table: BindingTable, ledger: UsageLedger
 ) -> None:
     """Mirror the namespace's AgentSessions into ``table``, forever."""
-    async for event in reflect(kube, SESSIONS, namespace):
+    async for event in reflect(kube, SESSIONS, namespace, convert=SessionView.from_object):
         if event.type == "SYNC":
-            table.replace_sessions(event.items)
+            table.replace_session_views(event.items)
             logger.info("loaded %d sessions", len(event.items))
         elif event.obj is None:
             continue
