@@ -249,11 +249,21 @@ def test_openai_sdk_raises_the_documented_errors(
         session("held", model="cold", workerPin="cold")
         | {"metadata": {"name": session_object_name("id-held")}}
     )
-    with pytest.raises(openai.InternalServerError) as held:
-        client.chat.completions.create(
-            model="cold", messages=hello, max_tokens=4, extra_headers={"X-Session-Id": "id-held"}
-        )
-    assert held.value.code == "session_held"
+
+    def held_turn() -> openai.InternalServerError | None:
+        with pytest.raises(openai.InternalServerError) as refused:
+            client.chat.completions.create(
+                model="cold",
+                messages=hello,
+                max_tokens=4,
+                extra_headers={"X-Session-Id": "id-held"},
+            )
+        # Until the router's watch shows the new AgentSession, the turn is a new
+        # session's, for which no worker is Ready (503 no_ready_worker; nothing created).
+        return refused.value if refused.value.code == "session_held" else None
+
+    held = wait_until(held_turn, timeout=30, what="503 session_held")
+    assert held.status_code == 503
 
     # A finished session: 409, and no retry, though the SDK retries 409s by default.
     finals = {"X-Session-Id": "sdk-done", "X-Session-Final": "true"}
