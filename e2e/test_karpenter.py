@@ -239,6 +239,7 @@ def test_pinned_sessions_block_consolidation_until_they_finish(
     crs.create(pool_worker("w", pool))
     ready_workers(crs, 1, operator)
     assert crs.status("inferenceworkers", "w")["node"] == node
+    held_epoch = crs.status("inferenceworkers", "w")["epoch"]
     for i in range(3):
         crs.create(session(f"s{i}"))
     wait_until(crs.all_in_phase("agentsessions", "Bound", 3), timeout=30, what="bound sessions")
@@ -290,10 +291,10 @@ def test_pinned_sessions_block_consolidation_until_they_finish(
         operator,
         lambda: (
             crs.status("inferenceworkers", "w").get("phase") == "Ready"
-            and crs.status("inferenceworkers", "w").get("epoch") == 2
+            and (crs.status("inferenceworkers", "w").get("epoch") or 0) > held_epoch
         ),
         timeout=90,
-        what="the worker Ready again, epoch 2",
+        what="the worker Ready again, in a new epoch",
     )
     replacement = crs.status("inferenceworkers", "w")["node"]
     labels = core.read_node(replacement).metadata.labels
@@ -329,6 +330,7 @@ def test_the_disrupted_taint_of_a_deleted_nodeclaim_drains_the_worker(
     crs.create(pool_worker("src", pool))
     crs.create(pool_worker("dst", pool))
     ready_workers(crs, 2, operator)
+    src_epoch = crs.status("inferenceworkers", "src")["epoch"]
     src_node = crs.status("inferenceworkers", "src")["node"]
     dst_node = crs.status("inferenceworkers", "dst")["node"]
     assert src_node != dst_node  # one GPU per machine
@@ -366,7 +368,7 @@ def test_the_disrupted_taint_of_a_deleted_nodeclaim_drains_the_worker(
         operator,
         lambda: (
             crs.status("inferenceworkers", "src").get("phase") == "Ready"
-            and crs.status("inferenceworkers", "src").get("epoch") == 2
+            and (crs.status("inferenceworkers", "src").get("epoch") or 0) > src_epoch
         ),
         timeout=90,
         what="src Ready again on a new node",
@@ -475,7 +477,8 @@ def test_a_spot_interruption_with_nowhere_to_migrate_releases_at_the_deadline(
     crs.create(_spot_policy())
     crs.create(pool_worker("only", pool))
     ready_workers(crs, 1, operator)
-    node = crs.status("inferenceworkers", "only")["node"]
+    before = crs.status("inferenceworkers", "only")
+    node = before["node"]
     for i in range(2):
         crs.create(session(f"s{i}"))
     wait_until(crs.all_in_phase("agentsessions", "Bound", 2), timeout=30, what="bound sessions")
@@ -504,7 +507,9 @@ def test_a_spot_interruption_with_nowhere_to_migrate_releases_at_the_deadline(
         operator,
         lambda: (
             crs.status("inferenceworkers", "only").get("phase") == "Ready"
-            and crs.status("inferenceworkers", "only").get("epoch") == 2
+            # A later epoch than the one interrupted (not "2": a first pod can be
+            # replaced before the test starts, as one run showed).
+            and (crs.status("inferenceworkers", "only").get("epoch") or 0) > before["epoch"]
         ),
         timeout=90,
         what="the worker Ready again on a new node",
