@@ -7,6 +7,7 @@ process starts its own and stops it at the end of the session.
 
 from __future__ import annotations
 
+import gc
 import os
 import re
 import secrets
@@ -28,6 +29,18 @@ from e2e.localcluster import (
     gpu_node_manifest,
 )
 from e2e.operator import CHART_ELECTION_ARGS, Custom, OperatorProcess
+
+
+@pytest.fixture(autouse=True)
+def _leaks_fail_the_test_that_made_them() -> Iterator[None]:
+    """Collect garbage after each test, so that a socket or file left open fails it.
+
+    Warnings are errors here; without this, an unclosed client is found whenever the
+    collector happens to run, and fails whichever test is running then (CI once failed
+    a router test for a client a chart test on another cluster had not closed).
+    """
+    yield
+    gc.collect()
 
 
 @pytest.fixture(scope="session")

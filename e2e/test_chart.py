@@ -388,12 +388,13 @@ def test_install_upgrade_uninstall_on_a_fresh_cluster(fresh_cluster: LocalCluste
 
     wait_until(served, timeout=30, what="the sessionfleet category served")
 
-    apps = client.AppsV1Api(fresh_cluster.api_client())
-    operator = apps.read_namespaced_deployment("sf-sessionfleet-operator", namespace)
+    with fresh_cluster.api_client() as api:
+        apps = client.AppsV1Api(api)
+        operator = apps.read_namespaced_deployment("sf-sessionfleet-operator", namespace)
+        router = apps.read_namespaced_deployment("sf-sessionfleet-router", namespace)
     assert operator.spec.replicas == 2 and operator.spec.strategy.type == "RollingUpdate"
     assert operator.spec.template.spec.service_account_name == "sf-sessionfleet-operator"
     assert operator.status.ready_replicas == 2  # KWOK's Ready: no container ran
-    router = apps.read_namespaced_deployment("sf-sessionfleet-router", namespace)
     assert router.spec.replicas == 2
 
     # Something a user made, which must outlive the release while the CRDs are kept.
