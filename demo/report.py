@@ -132,13 +132,14 @@ def _recovery(runs: Mapping[str, SessionRun], failure: Mapping[str, Any]) -> dic
     if worker and killed is not None:
         turns = _first_turns_after(
             runs,
-            # The first turn that *started* after the kill: one already in flight when
-            # the engine died was served (or not) by the old process, and says nothing
-            # about what the new epoch restored.
+            # The first turn that *started* after the kill, of a session whose turn
+            # before it had *finished* before the kill. A turn in flight when the engine
+            # died was served by the old process or retried on the new epoch, and then
+            # it is the retry that recomputed: the session says nothing either way.
             lambda prev, turn: (
                 prev.worker == worker
                 and turn.worker == worker
-                and prev.started < float(killed) <= turn.started
+                and prev.finished < float(killed) <= turn.started
             ),
         )
     if ready is not None and killed is not None:

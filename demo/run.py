@@ -34,6 +34,7 @@ from kubernetes import client  # noqa: E402
 
 from demo.driver import Driver, make_workload  # noqa: E402
 from demo.report import build_report, render_markdown, render_png, render_text  # noqa: E402
+from e2e.helpers import wait_established  # noqa: E402
 from e2e.localcluster import (  # noqa: E402
     BACKED_LABEL,
     ClusterError,
@@ -169,14 +170,7 @@ def helm_install(cluster: LocalCluster) -> None:
     result = subprocess.run(argv, capture_output=True, text=True, timeout=180, check=False)
     if result.returncode != 0:
         raise DemoError(f"helm install failed:\n{result.stderr}")
-    cluster.kubectl(
-        "wait",
-        "--for=condition=Established",
-        "crd",
-        "-l",
-        "app.kubernetes.io/part-of=sessionfleet",
-        "--timeout=60s",
-    )
+    wait_established(cluster.kubectl, "-l", "app.kubernetes.io/part-of=sessionfleet")
 
 
 def drain_policy(mode: str, fast: bool, checkpoints: bool) -> dict[str, Any]:

@@ -20,7 +20,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from e2e.helpers import CRDS_DIR, Kubectl, wait_until
+from e2e.helpers import CRDS_DIR, Kubectl, wait_established, wait_until
 from e2e.localcluster import (
     ENV_KUBECONFIG,
     LocalCluster,
@@ -81,7 +81,7 @@ def private_cluster(request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
     started = LocalCluster.start(gpu_nodes=2)
     try:
         started.kubectl("apply", "--server-side", "-f", str(CRDS_DIR))
-        started.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
+        wait_established(started.kubectl)
         yield started
     finally:
         failed = request.session.testsfailed > 0
@@ -155,14 +155,7 @@ def namespace(core: Any, request: pytest.FixtureRequest) -> Iterator[str]:
 def crds_installed(kubectl: Kubectl) -> None:
     """The sessionfleet CRDs, applied and Established (idempotent across workers)."""
     kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRDS_DIR))
-    kubectl(
-        "wait",
-        "--for=condition=Established",
-        "crd",
-        "-l",
-        "app.kubernetes.io/part-of=sessionfleet",
-        "--timeout=60s",
-    )
+    wait_established(kubectl, "-l", "app.kubernetes.io/part-of=sessionfleet")
 
 
 @pytest.fixture

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import time
@@ -100,3 +101,28 @@ def gpu_pod(
             **(extra_spec or {}),
         },
     }
+
+
+def wait_established(kubectl: Kubectl, *crds: str, timeout: float = 60) -> None:
+    """Wait until the CRDs that ``crds`` selects (names, or ``-l`` and a label) are Established.
+
+    Not ``kubectl wait --for=condition=Established``: a CRD created a moment ago has no
+    ``status.conditions`` yet, and kubectl then fails at once instead of waiting
+    ("accessor error: <nil> is of the type <nil>"), as it did once in CI.
+    """
+
+    def established() -> bool:
+        listing = kubectl("get", "crd", *crds, "-o", "json", check=False)
+        if listing.returncode != 0:
+            return False
+        found = json.loads(listing.stdout)
+        items = found.get("items", [found]) if found.get("kind") == "List" else [found]
+        return bool(items) and all(
+            any(
+                c.get("type") == "Established" and c.get("status") == "True"
+                for c in (item.get("status") or {}).get("conditions") or ()
+            )
+            for item in items
+        )
+
+    wait_until(established, timeout=timeout, what=f"CRDs {' '.join(crds)} Established")

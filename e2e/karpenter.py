@@ -37,7 +37,7 @@ import httpx
 from kubernetes import watch
 from kubernetes.client.exceptions import ApiException
 
-from e2e.helpers import Kubectl, gpu_pod, wait_until
+from e2e.helpers import Kubectl, gpu_pod, wait_established, wait_until
 from e2e.localcluster import GPU_RESOURCE, Tools
 from e2e.operator import GROUP as SESSIONFLEET_GROUP
 from e2e.operator import VERSION as SESSIONFLEET_VERSION
@@ -120,13 +120,11 @@ def exclusive(lock_file: Path, *, timeout: float) -> Iterator[float]:
 def install(kubectl: Kubectl, tools: Tools) -> None:
     """Apply Karpenter's CRDs and the KWOKNodeClass; idempotent."""
     kubectl("apply", "--server-side", "--force-conflicts", "-f", str(tools.karpenter_crds_dir))
-    kubectl(
-        "wait",
-        "--for=condition=Established",
-        "crd/nodepools.karpenter.sh",
-        "crd/nodeclaims.karpenter.sh",
-        "crd/kwoknodeclasses.karpenter.kwok.sh",
-        "--timeout=60s",
+    wait_established(
+        kubectl,
+        "nodepools.karpenter.sh",
+        "nodeclaims.karpenter.sh",
+        "kwoknodeclasses.karpenter.kwok.sh",
     )
     node_class = {
         "apiVersion": f"{KWOK_GROUP}/{KWOK_VERSION}",

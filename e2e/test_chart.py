@@ -36,7 +36,7 @@ import yaml
 from kubernetes import client
 
 from e2e.chart import CHART, REPO_ROOT, helm, set_args, template_text
-from e2e.helpers import CRDS_DIR, Kubectl, wait_until
+from e2e.helpers import CRDS_DIR, Kubectl, wait_established, wait_until
 from e2e.localcluster import LocalCluster, gpu_pod_tolerations
 from e2e.operator import (
     SESSIONFLEET,
@@ -60,7 +60,7 @@ KEEP = "helm.sh/resource-policy"
 def crds_installed(kubectl: Kubectl) -> None:
     """The sessionfleet CRDs, applied and Established (idempotent across workers)."""
     kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRDS_DIR))
-    kubectl("wait", "--for=condition=Established", "crd", "-l", PART_OF, "--timeout=60s")
+    wait_established(kubectl, "-l", PART_OF)
 
 
 FORBIDDEN = re.compile(r"HTTP/1\.1 403|\b403,? ?(message=)?.?Forbidden|\bForbidden\b")
@@ -349,9 +349,7 @@ def test_install_upgrade_uninstall_on_a_fresh_cluster(fresh_cluster: LocalCluste
         kubeconfig=kubeconfig,
     )
     install_seconds = time.monotonic() - started
-    fresh_cluster.kubectl(
-        "wait", "--for=condition=Established", "crd", "-l", PART_OF, "--timeout=30s"
-    )
+    wait_established(fresh_cluster.kubectl, "-l", PART_OF, timeout=30)
     established_seconds = time.monotonic() - started
     print(
         f"\nhelm install --wait: {install_seconds:.1f} s;"

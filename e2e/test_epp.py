@@ -23,7 +23,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from e2e.helpers import Kubectl, wait_until
+from e2e.helpers import Kubectl, wait_established, wait_until
 from e2e.localcluster import LocalCluster, find_tools
 from e2e.operator import (
     SESSIONFLEET,
@@ -60,12 +60,7 @@ def gaie_crds(kubectl: Kubectl) -> str:
     crds = find_tools().gaie_crds_dir
     # Server-side and forced: every xdist worker applies the same objects.
     kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crds))
-    kubectl(
-        "wait",
-        "--for=condition=Established",
-        f"crd/{POOLS}.{POOL_GROUP}",
-        "--timeout=60s",
-    )
+    wait_established(kubectl, f"{POOLS}.{POOL_GROUP}")
     return (crds / "VERSION").read_text().strip()
 
 

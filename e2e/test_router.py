@@ -19,7 +19,7 @@ import httpx
 import pytest
 from kubernetes import client
 
-from e2e.helpers import CRDS_DIR, Kubectl, wait_until
+from e2e.helpers import CRDS_DIR, Kubectl, wait_established, wait_until
 from e2e.localcluster import LocalCluster
 from e2e.operator import Process
 
@@ -35,14 +35,7 @@ SYSTEM = "You are a coding agent working in a large repository. " * 40
 def crds_installed(kubectl: Kubectl) -> None:
     """The sessionfleet CRDs, applied and Established (idempotent across workers)."""
     kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRDS_DIR))
-    kubectl(
-        "wait",
-        "--for=condition=Established",
-        "crd",
-        "-l",
-        "app.kubernetes.io/part-of=sessionfleet",
-        "--timeout=60s",
-    )
+    wait_established(kubectl, "-l", "app.kubernetes.io/part-of=sessionfleet")
 
 
 @pytest.fixture

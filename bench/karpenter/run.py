@@ -49,7 +49,7 @@ sys.path.append(str(REPO))  # appended: the root's operator/ must not hide the s
 from kubernetes import client  # noqa: E402
 from kubernetes.client.exceptions import ApiException  # noqa: E402
 
-from e2e.helpers import wait_until  # noqa: E402
+from e2e.helpers import wait_established, wait_until  # noqa: E402
 from e2e.karpenter import (  # noqa: E402
     GPU_1X,
     GPU_4X,
@@ -260,7 +260,7 @@ def measure(
     """Set the namespace up, start Karpenter and the operator, and run every round."""
     try:
         cluster.kubectl("apply", "--server-side", "-f", str(CRDS_DIR))
-        cluster.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
+        wait_established(cluster.kubectl)
         install(cluster.kubectl, tools)
         cluster.kubectl("create", "namespace", NAMESPACE, check=False)
         api = cluster.api_client()

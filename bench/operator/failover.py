@@ -40,7 +40,7 @@ sys.path.append(str(REPO))  # appended: the root's operator/ must not hide the s
 import httpx  # noqa: E402
 from kubernetes import client, watch  # noqa: E402
 
-from e2e.helpers import wait_until  # noqa: E402
+from e2e.helpers import wait_established, wait_until  # noqa: E402
 from e2e.localcluster import LocalCluster, find_tools  # noqa: E402
 from e2e.operator import GROUP, VERSION, OperatorProcess, session, sim_worker  # noqa: E402
 
@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     replicas: list[OperatorProcess] = []
     try:
         cluster.kubectl("apply", "--server-side", "-f", str(CRDS_DIR))
-        cluster.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
+        wait_established(cluster.kubectl)
         cluster.kubectl("create", "namespace", NAMESPACE, check=False)
         api = cluster.api_client()
         core = client.CoreV1Api(api)

@@ -31,6 +31,8 @@ class OperatorConfig:
     """Beyond this share of NotReady nodes, no worker is moved off a NotReady node."""
     resync_seconds: float = 2.0
     """The longest the fleet loop sleeps without an event; deadlines are met within it."""
+    full_resync_seconds: float = 60.0
+    """How often a pass takes every worker and session, not only what events marked."""
     scrape_interval_seconds: float = 15.0
     """How often each Ready worker's engine metrics are read."""
     scrape_timeout_seconds: float = 3.0

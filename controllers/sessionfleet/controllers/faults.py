@@ -98,14 +98,17 @@ async def run_isolated(
     faults: Faults,
     record: Callable[[Job, str, datetime], Awaitable[None]],
     now: datetime,
-) -> None:
-    """Run one job; record its failure on its object instead of letting it spread."""
+) -> bool:
+    """Run one job; record its failure on its object instead of letting it spread.
+
+    Returns whether the job ran clean (a conflict or a failure: look at it again).
+    """
     try:
         await job.run()
     except Exception as error:  # the loop must outlive any one object's failure
         if not is_fault(error):
             log.debug("%s %s: %s; retried next pass", job.resource.plural, job.key, error)
-            return
+            return False
         message = describe(error)
         if faults.failed(job.resource, job.key, message):
             log.warning(
@@ -123,8 +126,9 @@ async def run_isolated(
             log.warning(
                 "cannot record the failure on %s %s: %s", job.resource.plural, job.key, write_error
             )
-    else:
-        faults.succeeded(job.resource, job.key)
+        return False
+    faults.succeeded(job.resource, job.key)
+    return True
 
 
 def with_condition(

@@ -26,7 +26,9 @@ from sessionfleet.api import CheckpointDriver, DrainPolicySpec, WorkerPhase
 from sessionfleet.checkpoint import Driver
 from sessionfleet.controllers.config import OperatorConfig
 from sessionfleet.controllers.faults import Faults
+from sessionfleet.controllers.loads import WorkerLoads
 from sessionfleet.controllers.records import Key, PolicyRecord, WorkerRecord, resource_version
+from sessionfleet.controllers.work import WorkQueue
 from sessionfleet.kube import Kube
 from sessionfleet.leader import Leadership, Solo
 from sessionfleet.policy.checkpoint import CheckpointState
@@ -153,6 +155,10 @@ class Fleet:
     """This pass's budget for moving workers off NotReady nodes (set by the loop)."""
     """Objects whose last reconcile failed (controllers/sessionfleet/controllers/faults.py)."""
     ledger: BindingLedger = field(default_factory=BindingLedger)
+    worker_loads: WorkerLoads = field(default_factory=WorkerLoads)
+    """Pinned sessions and tokens per worker, as the session events showed them."""
+    work: WorkQueue = field(default_factory=WorkQueue)
+    """What the next pass of the fleet loop reconciles."""
     stats: dict[Key, EngineStats] = field(default_factory=dict)
     hold_writes: dict[tuple[str, Key], float] = field(default_factory=dict)
     """Hold changes written but not yet seen in the indexes: (what, object) to when
@@ -173,6 +179,8 @@ class Fleet:
     """Where decisions become Kubernetes Events (none: not recorded, as in unit tests)."""
     leadership: Leadership = field(default_factory=Solo)
     """Whether this replica may write; ``kube`` refuses writes while it may not."""
+    gauges_at: float = float("-inf")
+    """When the fleet loop last exported the session and worker gauges (monotonic)."""
     loop_pass_at: float | None = None
     """When the fleet loop last finished a pass (monotonic), for the liveness probe."""
 
@@ -289,24 +297,25 @@ class Fleet:
     def loads(self, namespace: str) -> list[WorkerLoad]:
         """Return placement's view of the namespace's workers, unseen bindings added.
 
-        Session events settle the ledger as the watch shows each binding.
+        Session events settle the ledger as the watch shows each binding, and count
+        the binding in :attr:`worker_loads` in the same step.
         """
         loads = []
         for record in self.all_workers():
             if record.namespace != namespace or record.worker is None:
                 continue
             spec, status = record.worker.spec, record.status
-            pinned = [s for s in self.sessions_of(record.key) if s.pinned]
             stats = self.stats.get(record.key, EngineStats())
             loads.append(
                 WorkerLoad(
                     name=record.name,
                     model=spec.model,
                     ready=status.phase is WorkerPhase.READY and not spec.drain,
-                    pinned_sessions=len(pinned) + self.ledger.unseen[record.key],
+                    pinned_sessions=self.worker_loads.pinned[record.key]
+                    + self.ledger.unseen[record.key],
                     max_sessions=spec.capacity.max_sessions,
                     kv_tokens_capacity=spec.capacity.kv_tokens,
-                    kv_tokens_pinned=sum(s.context_tokens for s in pinned),
+                    kv_tokens_pinned=self.worker_loads.tokens[record.key],
                     kv_usage=stats.kv_usage or 0.0,
                 )
             )

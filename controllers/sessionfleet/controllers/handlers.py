@@ -23,9 +23,10 @@ from sessionfleet.controllers.records import (
     policy_record,
     worker_record,
 )
-from sessionfleet.controllers.sessions import reconcile_session
+from sessionfleet.controllers.sessions import reconcile_session, worker_brief
 from sessionfleet.policy.handshake import ROUTER_COMPONENT, ROUTER_COMPONENT_LABEL
 from sessionfleet.policy.observed import node_state, pod_state
+from sessionfleet.policy.sessions import next_check
 from sessionfleet.resources.labels import EPOCH_LABEL, KOPF_PREFIX, WORKER_LABEL
 from sessionfleet.supervise import Supervisor
 
@@ -176,43 +177,78 @@ def router_lease_index(body: kopf.Body, **_: Any) -> dict[Any, Any]:
 
 # --- events ---------------------------------------------------------------------------
 # Kopf calls event handlers only once every index is populated from its initial
-# list, so the first call tells the loop it may trust what the indexes say.
+# list, so the first call tells the loop it may trust what the indexes say. Each
+# handler marks what its event touched (controllers/sessionfleet/controllers/work.py):
+# the next pass reconciles those, not the whole fleet.
 
 
-def _wake(memo: kopf.Memo) -> None:
+def _wake(memo: kopf.Memo) -> Fleet:
     fleet: Fleet = memo["fleet"]
     fleet.indexed.set()
     fleet.wakeup.set()
+    return fleet
 
 
 @kopf.on.event(*WORKERS)
-async def worker_event(memo: kopf.Memo, **_: Any) -> None:
-    """Wake the loop: a worker changed."""
-    _wake(memo)
+async def worker_event(
+    memo: kopf.Memo, event: kopf.RawEvent, namespace: str | None, name: str, **_: Any
+) -> None:
+    """Mark the worker; and its sessions when what they read of it changed."""
+    fleet = _wake(memo)
+    key = (namespace or "", name)
+    fleet.work.worker(key)
+    record = None if event.get("type") == "DELETED" else fleet.worker(*key)
+    brief = worker_brief(record) if record is not None else None
+    if record is None:
+        fleet.work.forget_worker(key)
+    if fleet.work.briefs.get(key) != brief:
+        # Phase, epoch or pod changed (or the worker is gone): each session's decision
+        # reads them. Counters and conditions change nothing for the sessions.
+        fleet.work.briefs[key] = brief
+        fleet.work.each_session(s.key for s in fleet.sessions_of(key))
+    if brief is None:
+        fleet.work.briefs.pop(key, None)
 
 
 @kopf.on.event("", "v1", "pods", labels={WORKER_LABEL: kopf.PRESENT})
-async def pod_event(memo: kopf.Memo, **_: Any) -> None:
-    """Wake the loop: a worker pod changed."""
-    _wake(memo)
+async def pod_event(memo: kopf.Memo, namespace: str | None, labels: kopf.Labels, **_: Any) -> None:
+    """Mark the pod's worker."""
+    _wake(memo).work.worker((namespace or "", labels[WORKER_LABEL]))
+
+
+@kopf.on.event("policy", "v1", "poddisruptionbudgets", labels={WORKER_LABEL: kopf.PRESENT})
+async def pdb_event(memo: kopf.Memo, namespace: str | None, labels: kopf.Labels, **_: Any) -> None:
+    """Mark the hold's worker (a hold someone else deleted is put back)."""
+    _wake(memo).work.worker((namespace or "", labels[WORKER_LABEL]))
 
 
 @kopf.on.event("", "v1", "nodes")
-async def node_event(memo: kopf.Memo, **_: Any) -> None:
-    """Wake the loop: a node changed (cordons, taints and readiness start drains)."""
-    _wake(memo)
+async def node_event(memo: kopf.Memo, name: str, **_: Any) -> None:
+    """Mark the workers with a pod on the node (cordons, taints and readiness start drains)."""
+    fleet = _wake(memo)
+    for record in fleet.all_workers():
+        if any(pod.node == name for pod in fleet.pods_of(record.key)):
+            fleet.work.worker(record.key)
 
 
 @kopf.on.event(*CHECKPOINTS)
-async def checkpoint_event(memo: kopf.Memo, **_: Any) -> None:
-    """Wake the loop: a WorkerCheckpoint changed (a user may have asked for one)."""
-    _wake(memo)
+async def checkpoint_event(
+    memo: kopf.Memo, body: kopf.Body, namespace: str | None, **_: Any
+) -> None:
+    """Mark the checkpoint's worker (a user may have asked for one)."""
+    fleet = _wake(memo)
+    state = checkpoint_record(body)
+    if state is not None:
+        fleet.work.worker((namespace or "", state.worker))
 
 
 @kopf.on.event(*POLICIES)
-async def policy_event(memo: kopf.Memo, **_: Any) -> None:
-    """Wake the loop: a DrainPolicy changed."""
-    _wake(memo)
+async def policy_event(memo: kopf.Memo, namespace: str | None, **_: Any) -> None:
+    """Mark the namespace's workers: which policy governs each may have changed."""
+    fleet = _wake(memo)
+    for record in fleet.all_workers():
+        if record.namespace == namespace:
+            fleet.work.worker(record.key)
 
 
 @kopf.on.event(*SESSIONS)
@@ -224,14 +260,28 @@ async def session_event(
     name: str,
     **_: Any,
 ) -> None:
-    """Bind a new session at once; for any other change, wake the loop."""
-    _wake(memo)
-    fleet: Fleet = memo["fleet"]
+    """Bind a new session at once; for any other change, mark it and its worker."""
+    fleet = _wake(memo)
+    key = (namespace or "", name)
     if event.get("type") == "DELETED":
-        fleet.ledger.settle((namespace or "", name))
+        fleet.ledger.settle(key)
+        fleet.work.forget_session(key)
+        left = fleet.worker_loads.remove(key)
+        if left is not None:
+            fleet.work.worker(left)
         return
     state = session_records(body)
     fleet.ledger.observe(state.key, state.worker)  # the index shows this event now
+    # In the same step as the ledger: a binding is counted once, there or here.
+    left = fleet.worker_loads.update(state)
+    if left is not None:
+        fleet.work.worker(left)
+    if state.worker is not None:
+        fleet.work.worker((state.namespace, state.worker))
+        fleet.work.waiting.discard(key)
+    fleet.work.session(key)
+    when = next_check(state, fleet.config.idle_timeout)
+    fleet.work.session_deadlines.schedule(key, when.timestamp() if when is not None else None)
     new = state.worker is None and state.phase is None and not state.finished
     if new and fleet.leadership.leading:  # a standby only keeps its indexes
         await reconcile_session(fleet, state, loop.utcnow())

@@ -1,8 +1,12 @@
-"""The fleet loop: one task reconciling every worker and session from the indexes.
+"""The fleet loop: one task reconciling workers and sessions from the indexes.
 
-It runs when an event wakes it and at least every ``resync_seconds``, so deadlines
-(grace periods, drain deadlines, idle timeouts, TTLs) are met within that interval
-without a timer per object. A second task scrapes each Ready worker's engine metrics.
+It runs when an event wakes it and at least every ``resync_seconds``. A pass takes
+what events marked and what came due (:mod:`.work`): its cost follows what changed,
+not the size of the fleet. Deadlines (grace periods, drain deadlines, idle timeouts,
+TTLs) are met within ``resync_seconds``: workers whose plan depends on the clock are
+looked at on every pass, sessions at their own deadline. Every ``full_resync_seconds``
+a pass takes everything, the safety net. A second task scrapes each Ready worker's
+engine metrics.
 """
 
 from __future__ import annotations
@@ -13,9 +17,9 @@ import logging
 import math
 import time
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import httpx
 from prometheus_client import Gauge
@@ -26,15 +30,22 @@ from sessionfleet.controllers import metrics
 from sessionfleet.controllers.faults import Job, reconciled_condition, run_isolated, with_condition
 from sessionfleet.controllers.fleet import EngineStats, Fleet
 from sessionfleet.controllers.policies import reconcile_policies
+from sessionfleet.controllers.records import Key
 from sessionfleet.controllers.sessions import next_step, reconcile_session
+from sessionfleet.controllers.work import Batch
 from sessionfleet.controllers.workers import reconcile_worker
 from sessionfleet.engines import vllm
 from sessionfleet.kube import SESSIONS, WORKERS
 from sessionfleet.policy.observed import NodeState
 from sessionfleet.policy.recovery import node_recovery_gate
-from sessionfleet.policy.sessions import SessionState
+from sessionfleet.policy.sessions import SessionState, next_check
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+FULL: Final = Batch(full=True)
+GAUGE_SECONDS: Final = 5.0
+"""Session and worker gauges count every session: exported at most this often."""
 
 
 def utcnow() -> datetime:
@@ -43,12 +54,20 @@ def utcnow() -> datetime:
 
 
 async def _bounded(fleet: Fleet, jobs: Iterable[Job], now: datetime) -> None:
-    """Run jobs concurrently, at most ``max_concurrent_writes`` at a time, each isolated."""
+    """Run jobs concurrently, at most ``max_concurrent_writes`` at a time, each isolated.
+
+    A job that fails is looked at again after a resync interval, whatever marks it.
+    """
     semaphore = asyncio.Semaphore(fleet.config.max_concurrent_writes)
+    retry_at = time.monotonic() + fleet.config.resync_seconds
 
     async def one(job: Job) -> None:
         async with semaphore:
-            await run_isolated(job, fleet.faults, functools.partial(record_fault, fleet=fleet), now)
+            ran = await run_isolated(
+                job, fleet.faults, functools.partial(record_fault, fleet=fleet), now
+            )
+        if not ran:
+            fleet.work.retry(job.resource.plural, job.key, retry_at)
 
     await asyncio.gather(*(one(job) for job in jobs))
 
@@ -74,8 +93,13 @@ async def record_fault(job: Job, message: str, now: datetime, *, fleet: Fleet) -
     )
 
 
-async def reconcile_once(fleet: Fleet, now: datetime) -> None:
-    """Reconcile every worker, then every session; one object's failure stops no other."""
+async def reconcile_once(fleet: Fleet, now: datetime, batch: Batch = FULL) -> None:
+    """Reconcile the batch's workers, then its sessions; one object's failure stops no other.
+
+    A full batch (the default) takes every worker and every session, and repairs what
+    the marks rely on: each session's deadline and the per-worker load counts.
+    """
+    started = time.monotonic()
     fleet.forget_deleted()
     fleet.node_gate = node_recovery_gate(
         fleet_nodes(fleet),
@@ -83,25 +107,48 @@ async def reconcile_once(fleet: Fleet, now: datetime) -> None:
         max_concurrent=fleet.config.max_concurrent_node_recoveries,
         unhealthy_threshold=fleet.config.unhealthy_node_threshold,
     )
+    workers = fleet.all_workers() if batch.full else _present(fleet.worker, batch.workers)
     await _bounded(
         fleet,
-        (
-            Job(WORKERS, r.key, functools.partial(reconcile_worker, fleet, r, now))
-            for r in fleet.all_workers()
-        ),
+        (Job(WORKERS, r.key, functools.partial(reconcile_worker, fleet, r, now)) for r in workers),
         now,
     )
     await reconcile_policies(fleet, now)
+    sessions = fleet.all_sessions() if batch.full else _present(fleet.session, batch.sessions)
+    if batch.full:
+        _repair(fleet, sessions)
     # Most sessions need nothing on most passes: decide without a task for each, and start
     # tasks only for those with a step to take (decided again when its turn comes).
-    due = [s for s in fleet.all_sessions() if _due(fleet, s, now)]
+    due = [s for s in sessions if _due(fleet, s, now)]
     due.sort(key=lambda s: (s.created_at or now, s.name))
     await _bounded(
         fleet,
         (Job(SESSIONS, s.key, functools.partial(reconcile_session, fleet, s, now)) for s in due),
         now,
     )
-    _export_gauges(fleet)
+    kind = "full" if batch.full else "marked"
+    metrics.PASS_SECONDS.labels(kind).observe(time.monotonic() - started)
+    metrics.PASS_OBJECTS.labels(kind, "inferenceworkers").observe(len(workers))
+    metrics.PASS_OBJECTS.labels(kind, "agentsessions").observe(len(sessions))
+    if batch.full or started - fleet.gauges_at >= GAUGE_SECONDS:
+        fleet.gauges_at = started
+        _export_gauges(fleet)
+
+
+def _present(lookup: Callable[[str, str], T | None], keys: Iterable[Key]) -> list[T]:
+    """Return the index's current copy of each key that still exists."""
+    return [record for key in keys if (record := lookup(*key)) is not None]
+
+
+def _repair(fleet: Fleet, sessions: list[SessionState]) -> None:
+    """Put right what the marks rely on, should an event have been missed."""
+    wrong = fleet.worker_loads.rebuild(sessions)
+    if wrong:
+        log.warning("full pass: %d session(s) were counted on the wrong worker", wrong)
+    deadlines = fleet.work.session_deadlines
+    for session in sessions:
+        when = next_check(session, fleet.config.idle_timeout)
+        deadlines.schedule(session.key, when.timestamp() if when is not None else None)
 
 
 def fleet_nodes(fleet: Fleet) -> list[NodeState]:
@@ -176,7 +223,8 @@ async def run(fleet: Fleet) -> None:
         fleet.wakeup.clear()
         if fleet.leadership.leading:  # a deposed leader only waits for its exit
             try:
-                await reconcile_once(fleet, utcnow())
+                now = utcnow()
+                await reconcile_once(fleet, now, fleet.work.take(now.timestamp(), time.monotonic()))
             except Exception:  # the loop must outlive any one bad step
                 log.exception("fleet loop iteration failed")
             fleet.loop_pass_at = time.monotonic()
@@ -268,5 +316,7 @@ async def scrape_forever(fleet: Fleet) -> None:
         ]
         if targets:
             await asyncio.gather(*(scrape_worker(fleet, k, e) for k, e in targets if e))
+            for key, _ in targets:
+                fleet.work.worker(key)  # its counters and placement weight may change
             fleet.wakeup.set()
         await asyncio.sleep(fleet.config.scrape_interval_seconds)

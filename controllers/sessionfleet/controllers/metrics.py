@@ -86,6 +86,19 @@ CHECKPOINT_SIZE = Histogram(
     ["driver"],
     buckets=(1e3, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11),
 )
+PASS_SECONDS = Histogram(
+    "sessionfleet_operator_pass_seconds",
+    "How long a pass of the fleet loop took: full (every object, the safety net) or "
+    "marked (what events touched and what was due).",
+    ["kind"],
+    buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+PASS_OBJECTS = Histogram(
+    "sessionfleet_operator_pass_objects",
+    "Objects one pass of the fleet loop looked at, by kind of pass and resource.",
+    ["kind", "resource"],
+    buckets=(0, 1, 10, 100, 1000, 10000, 100000, 1000000),
+)
 CHECKPOINT_FAILURES = Counter(
     "sessionfleet_checkpoint_failures_total",
     "Checkpoints marked Failed, by the condition's reason.",

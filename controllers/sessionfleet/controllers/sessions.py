@@ -70,14 +70,19 @@ async def _patch_status(fleet: Fleet, session: SessionState, status: dict[str, A
     return True
 
 
+def worker_brief(record: WorkerRecord) -> WorkerBrief | None:
+    """Return what a session's decision reads of its worker; None for an invalid worker."""
+    if record.worker is None:
+        return None
+    status = record.status
+    return WorkerBrief(record.name, status.phase, status.epoch, status.pod)
+
+
 def _brief(fleet: Fleet, session: SessionState) -> WorkerBrief | None:
     if session.worker is None:
         return None
     record = fleet.worker(session.namespace, session.worker)
-    if record is None or record.worker is None:
-        return None
-    status = record.status
-    return WorkerBrief(record.name, status.phase, status.epoch, status.pod)
+    return worker_brief(record) if record is not None else None
 
 
 def next_step(fleet: Fleet, session: SessionState, now: datetime) -> SessionDecision | None:
@@ -106,6 +111,9 @@ async def reconcile_session(fleet: Fleet, session: SessionState, now: datetime) 
         log.warning("session %s/%s: %s", session.namespace, session.name, error)
     finally:
         fleet.busy_sessions.discard(key)
+        # Decided again next pass: a write that failed (a conflict with a router's usage
+        # write) is retried, one that succeeded is skipped until the watch shows it.
+        fleet.work.session(key)
 
 
 async def _act(
@@ -164,6 +172,7 @@ async def bind(fleet: Fleet, session: SessionState, now: datetime) -> None:
         fleet.loads(session.namespace),
     )
     if placement.worker is None:
+        fleet.work.waiting.add(session.key)  # tried again on every pass until placed
         if session.phase is SessionPhase.PENDING:
             return  # already says so; retried by the loop when capacity changes
         await _patch_status(
@@ -283,7 +292,9 @@ async def _move(
             loaded = saved is not None and await _load_into(fleet, saved, session, target)
             await _rebind(fleet, session, source.name, target, why, saved if loaded else None, now)
     finally:
-        fleet.busy_sessions.difference_update(session.key for session, _, _ in movable)
+        moved = [session.key for session, _, _ in movable]
+        fleet.busy_sessions.difference_update(moved)
+        fleet.work.each_session(moved)  # a pass that skipped them while busy looks again
 
 
 async def _mark_migrating(fleet: Fleet, session: SessionState, message: str, now: datetime) -> None:

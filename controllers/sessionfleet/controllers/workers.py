@@ -40,7 +40,13 @@ from sessionfleet.kube import PDBS, PODS, WORKERS, Conflict, KubeError, NotFound
 from sessionfleet.policy.checkpoint import latest_usable
 from sessionfleet.policy.drain import PinnedSession, resolve_policy
 from sessionfleet.policy.events import EventType, Notice, merged, worker_notices
-from sessionfleet.policy.worker import ConditionPlan, WorkerObservation, WorkerPlan, plan_worker
+from sessionfleet.policy.worker import (
+    ConditionPlan,
+    WorkerObservation,
+    WorkerPlan,
+    plan_worker,
+    settled,
+)
 from sessionfleet.resources.pods import build_pdb, build_pod, hold_annotations
 from sessionfleet.resources.status import (
     invalid_worker_status,
@@ -253,9 +259,15 @@ async def reconcile_worker(fleet: Fleet, record: WorkerRecord, now: datetime) ->
         if block is not None:
             plan = plan_worker(dataclasses.replace(observation, recovery_block=block))
     _export_drain(record, plan, observation.policy.spec.deadline, now)
+    # Until this reconcile ends clean, the worker is looked at on every pass.
+    fleet.work.settle(record.key, False)
     desired = desired_status(fleet, record, worker, plan, now)
     patch = status_patch(record.raw_status, desired)
     if not worth_writing(fleet, record, patch):
+        if patch:  # counters only, coalesced: written once the interval has passed
+            written = fleet.status_written_at.get(record.key, time.monotonic())
+            due = written + fleet.config.status_coalesce_seconds
+            fleet.work.retry(WORKERS.plural, record.key, due)
         patch = {}
 
     # A new epoch, or Drained, is recorded before the pods change, so that a restart
@@ -285,6 +297,9 @@ async def reconcile_worker(fleet: Fleet, record: WorkerRecord, now: datetime) ->
     if patch:
         await write_status(fleet, record, patch)
     await reconcile_checkpoints(fleet, record, worker, now)
+    fleet.work.settle(
+        record.key, settled(observation, plan) and record.key not in fleet.running_checkpoints
+    )
 
 
 def _export_drain(record: WorkerRecord, plan: WorkerPlan, deadline: str, now: datetime) -> None:

@@ -179,3 +179,25 @@ def decide_session(
             f"bound to worker {worker.name} (pod {worker.pod}, epoch {worker.epoch})",
         )
     return NOTHING
+
+
+def next_check(
+    session: SessionState, idle_timeout: timedelta = DEFAULT_IDLE_TIMEOUT
+) -> datetime | None:
+    """Return when :func:`decide_session` can next change its answer with no event.
+
+    A Finished session is deleted at ``finishedAt + ttlSecondsAfterFinished``; any other
+    live one is finished at its last sign of life plus ``idle_timeout``. Every other
+    change of decision comes with an event of the session or of its worker.
+    """
+    if session.invalid is not None or session.phase is SessionPhase.LOST:
+        return None
+    try:
+        if session.phase is SessionPhase.FINISHED:
+            if session.finished_at is None:
+                return None
+            return session.finished_at + timedelta(seconds=session.ttl_seconds)
+        last_seen = session.last_activity or session.bound_at or session.created_at
+        return None if last_seen is None else last_seen + idle_timeout
+    except OverflowError:  # the schema allows dates up to 9999-12-31: never, then
+        return None

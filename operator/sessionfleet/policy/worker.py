@@ -113,6 +113,26 @@ def plan_worker(obs: WorkerObservation) -> WorkerPlan:
     return _drained_on_request(facts) or _fresh_epoch(facts) or _recovery(facts) or _running(facts)
 
 
+def settled(obs: WorkerObservation, plan: WorkerPlan) -> bool:
+    """Whether the worker's plan stays as it is until one of the objects it reads changes.
+
+    A Ready worker on a Ready node, with nothing to create, delete, migrate or move and
+    no periodic checkpoint, is left alone until an event touches it (its own, its pods',
+    its node's, its sessions', a policy's). Any other worker's plan depends on the clock
+    too (grace periods, deadlines, back-offs, the NotReady toleration, checkpoint
+    intervals), so the fleet loop looks at it on every pass.
+    """
+    return (
+        plan.phase is WorkerPhase.READY
+        and obs.status.phase is WorkerPhase.READY
+        and plan.recheck_after is None
+        and not (plan.create_pod or plan.delete_pods or plan.migrate or plan.move_worker)
+        and obs.node is not None
+        and obs.node.ready
+        and obs.spec.checkpoint.interval is None
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class _Facts:
     """What every decision of :func:`plan_worker` reads, worked out once."""

@@ -1,0 +1,212 @@
+"""What a pass of the fleet loop reconciles: marks, deadlines, settled workers, loads."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from sessionfleet.api import InferenceWorkerSpec, InferenceWorkerStatus, SessionPhase, WorkerPhase
+from sessionfleet.controllers.loads import WorkerLoads
+from sessionfleet.controllers.work import Deadlines, WorkQueue
+from sessionfleet.policy.drain import DEFAULT_POLICY, PinnedSession, PolicyChoice
+from sessionfleet.policy.observed import NodeState, PodState
+from sessionfleet.policy.sessions import (
+    Action,
+    SessionState,
+    WorkerBrief,
+    decide_session,
+    next_check,
+)
+from sessionfleet.policy.worker import WorkerObservation, plan_worker, settled
+
+NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+IDLE = timedelta(minutes=30)
+TICK = timedelta(microseconds=1)
+
+
+def test_deadlines_come_due_in_time_order_and_a_rescheduled_key_only_once() -> None:
+    deadlines = Deadlines()
+    deadlines.schedule(("ns", "late"), 30.0)
+    deadlines.schedule(("ns", "early"), 10.0)
+    deadlines.schedule(("ns", "moved"), 5.0)
+    deadlines.schedule(("ns", "moved"), 20.0)  # its entry at 5 is stale now
+    deadlines.schedule(("ns", "gone"), 1.0)
+    deadlines.schedule(("ns", "gone"), None)
+    assert deadlines.due(9.9) == []
+    assert deadlines.due(20.0) == [("ns", "early"), ("ns", "moved")]
+    deadlines.earlier(("ns", "late"), 40.0)  # later than it is: unchanged
+    deadlines.earlier(("other", "x"), 25.0)
+    assert deadlines.due(100.0) == [("other", "x"), ("ns", "late")]
+    assert len(deadlines) == 0 and deadlines.due(1e9) == []
+
+
+def test_deadlines_stay_bounded_however_often_keys_move() -> None:
+    deadlines = Deadlines()
+    rng = random.Random(7)
+    keys = [("ns", f"s{i}") for i in range(100)]
+    for step in range(20_000):
+        deadlines.schedule(rng.choice(keys), float(step))
+    assert len(deadlines) == 100
+    assert len(deadlines._heap) <= 2 * 100 + 64 + 1
+    assert sorted(deadlines.due(1e9)) == sorted(keys)
+
+
+def test_the_first_pass_is_full_then_only_marks_and_what_is_due() -> None:
+    work = WorkQueue(full_every=60.0)
+    work.worker(("ns", "w1"))
+    first = work.take(wall=1000.0, mono=0.0)
+    assert first.full
+    assert not work.take(wall=1000.0, mono=1.0).workers  # the full pass consumed the mark
+
+    work.worker(("ns", "w1"))
+    work.session(("ns", "s1"))
+    work.settle(("ns", "draining"), False)
+    work.waiting.add(("ns", "unplaced"))
+    work.session_deadlines.schedule(("ns", "idle"), 1010.0)
+    work.retry("inferenceworkers", ("ns", "failed"), 5.0)
+    batch = work.take(wall=1005.0, mono=2.0)
+    assert not batch.full
+    assert batch.workers == {("ns", "w1"), ("ns", "draining")}
+    assert batch.sessions == {("ns", "s1"), ("ns", "unplaced")}
+
+    # Marks are consumed; unsettled workers and waiting sessions come every pass;
+    # deadlines when due.
+    batch = work.take(wall=1010.0, mono=5.0)
+    assert batch.workers == {("ns", "draining"), ("ns", "failed")}
+    assert batch.sessions == {("ns", "unplaced"), ("ns", "idle")}
+
+    work.settle(("ns", "draining"), True)
+    work.forget_session(("ns", "unplaced"))
+    batch = work.take(wall=1011.0, mono=6.0)
+    assert not batch.workers and not batch.sessions
+    assert work.take(wall=1100.0, mono=60.0).full
+
+
+def test_a_session_decision_changes_with_the_clock_only_at_its_next_check() -> None:
+    brief = WorkerBrief("w", WorkerPhase.READY, 1, "w-1")
+    bound = SessionState(
+        "ns", "s", "sid", "m", created_at=NOW, phase=SessionPhase.BOUND, worker="w", epoch=1
+    )
+    cases = [
+        (bound, brief),  # idle since its creation
+        (replace(bound, last_activity=NOW + timedelta(minutes=3)), brief),
+        (replace(bound, phase=SessionPhase.FINISHED, finished_at=NOW, ttl_seconds=90), brief),
+        (
+            replace(bound, phase=SessionPhase.MIGRATING),
+            WorkerBrief("w", WorkerPhase.DRAINING, 1, "w-1"),
+        ),
+    ]
+    for session, worker in cases:
+        due = next_check(session, IDLE)
+        assert due is not None
+        before = decide_session(session, worker, due - TICK, IDLE)
+        assert before.action is Action.NOTHING
+        assert decide_session(session, worker, NOW, IDLE) == before
+        assert decide_session(session, worker, due, IDLE).action is not Action.NOTHING
+
+
+@pytest.mark.parametrize(
+    "session",
+    [
+        SessionState("ns", "s", "sid", "m", phase=SessionPhase.LOST, last_activity=NOW),
+        SessionState("ns", "s", "sid", "m", invalid="bad spec", created_at=NOW),
+        SessionState("ns", "s", "sid", "m"),  # nothing dated yet
+        SessionState(
+            "ns",
+            "s",
+            "sid",
+            "m",
+            phase=SessionPhase.FINISHED,
+            finished_at=datetime(9999, 12, 31, tzinfo=UTC),
+            ttl_seconds=10**9,
+        ),
+    ],
+)
+def test_a_session_with_no_deadline_has_no_next_check(session: SessionState) -> None:
+    assert next_check(session, IDLE) is None
+
+
+SPEC = InferenceWorkerSpec.model_validate({"model": "m", "engine": {"type": "sim"}, "gpus": 1})
+READY_NODE = NodeState("n1")
+POD = PodState("w-1", 1, "Running", scheduled=True, ready=True, node="n1", pod_ip="127.1.0.4")
+
+
+def _settled(
+    status: dict[str, object] | None = None,
+    node: NodeState | None = READY_NODE,
+    spec: InferenceWorkerSpec = SPEC,
+    pods: tuple[PodState, ...] = (POD,),
+) -> bool:
+    observation = WorkerObservation(
+        name="w",
+        spec=spec,
+        status=InferenceWorkerStatus.model_validate(
+            status or {"epoch": 1, "pod": "w-1", "phase": "Ready"}
+        ),
+        pods=pods,
+        node=node,
+        pinned=[PinnedSession("s1")],
+        policy=PolicyChoice(None, DEFAULT_POLICY),
+        now=NOW,
+    )
+    return settled(observation, plan_worker(observation))
+
+
+def test_only_a_ready_worker_on_a_ready_node_waits_for_events() -> None:
+    assert _settled()
+    assert not _settled({"epoch": 1, "pod": "w-1", "phase": "Starting"})  # becomes Ready now
+    assert not _settled(node=NodeState("n1", ready=False, not_ready_since=NOW))  # toleration
+    assert not _settled(node=None)
+    assert not _settled(node=NodeState("n1", unschedulable=True))  # a cordon drains it
+    periodic = SPEC.model_copy(
+        update={"checkpoint": SPEC.checkpoint.model_copy(update={"interval": "10m"})}
+    )
+    assert not _settled(spec=periodic)
+    old = replace(POD, name="w-0", epoch=0)
+    assert not _settled(pods=(old, POD))  # a pod of an earlier epoch to delete
+
+
+def _session(name: str, worker: str | None, prompt: int = 100, **kw: object) -> SessionState:
+    return SessionState(
+        "ns",
+        name,
+        name,
+        "m",
+        worker=worker,
+        phase=SessionPhase.BOUND if worker else None,
+        prompt_tokens=prompt,
+        turns=1,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def test_worker_loads_follow_binds_moves_finishes_and_deletions() -> None:
+    loads = WorkerLoads()
+    assert loads.update(_session("a", None)) is None and len(loads) == 0
+    assert loads.update(_session("a", "w1", 100)) is None
+    assert loads.update(_session("b", "w1", 50)) is None
+    assert (loads.pinned[("ns", "w1")], loads.tokens[("ns", "w1")]) == (2, 150)
+    assert loads.update(_session("a", "w1", 400)) is None  # a longer prompt, same worker
+    assert loads.tokens[("ns", "w1")] == 450
+    assert loads.update(_session("a", "w2", 400)) == ("ns", "w1")  # migrated
+    assert (loads.pinned[("ns", "w1")], loads.pinned[("ns", "w2")]) == (1, 1)
+    finished = replace(_session("b", "w1", 50), phase=SessionPhase.FINISHED)
+    assert loads.update(finished) == ("ns", "w1")
+    assert ("ns", "w1") not in loads.pinned and ("ns", "w1") not in loads.tokens
+    assert loads.remove(("ns", "a")) == ("ns", "w2")
+    assert loads.remove(("ns", "a")) is None
+    assert not loads.pinned and not loads.tokens
+
+
+def test_a_rebuild_counts_from_the_index_and_says_how_many_shares_were_wrong() -> None:
+    loads = WorkerLoads()
+    loads.update(_session("a", "w1"))
+    loads.update(_session("b", "w1"))  # a deletion of b was missed
+    index = [_session("a", "w1"), _session("c", "w2", 30)]  # c's bind was missed
+    assert loads.rebuild(index) == 2
+    assert dict(loads.pinned) == {("ns", "w1"): 1, ("ns", "w2"): 1}
+    assert loads.tokens[("ns", "w2")] == 30
+    assert loads.rebuild(index) == 0
