@@ -117,6 +117,15 @@ BENCH_SCALE_ARGS ?=
 bench-scale-memory: $(STAMP)
 	$(PY) bench/scale/memory.py --out build/bench-scale-memory.json $(BENCH_SCALE_ARGS)
 
+# The whole fleet at scale (bench/README.md, "Scale"): 125 KWOK nodes x 4 GPUs, 500
+# workers, 100,000 live sessions, then churn at 200/s with 10 drains and 5 failures,
+# against a local cluster it starts and stops (~40 minutes on 2 cores). A smaller run:
+#   BENCH_SCALE_RUN_ARGS="--nodes 10 --workers 40 --live 5000 --churn-seconds 30"
+.PHONY: bench-scale
+BENCH_SCALE_RUN_ARGS ?=
+bench-scale: e2e-tools $(STAMP)
+	$(PY) bench/scale/run.py --out build/bench-scale.json $(BENCH_SCALE_RUN_ARGS)
+
 # The Endpoint Picker benchmark (bench/README.md, "Endpoint Picker"): decision time and EPP
 # CPU per decision for bound sessions' turns, open loop at 500 and 2,000 streams/s, against
 # a local cluster it starts and stops. Pass options through, e.g.

@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 import yaml
 
-from e2e.chart import CHART, REPO_ROOT, by_kind, helm, render, rules, template_text
+from e2e.chart import CHART, REPO_ROOT, by_kind, helm, render, rules, set_args, template_text
+from e2e.localcluster import K8S_VERSION
 from sessionfleet._version import __version__
 from sessionfleet.api import DrainPolicy, parse
 
@@ -111,6 +112,12 @@ OPERATOR_SELECTOR = {
     "app.kubernetes.io/instance": "rel",
     "app.kubernetes.io/component": "operator",
 }
+SHARD_LABEL = "sessionfleet.dev/shard"
+# Two operator shards; the release namespace is one of the namespaces served.
+SHARDS: list[dict[str, Any]] = [
+    {"name": "a", "namespaces": ["team-a", "team-b"]},
+    {"name": "b", "namespaces": ["team-c", "sf"]},
+]
 LEADER_ELECTION_ARGS = [
     "--leader-elect",
     "--leader-election-namespace=sf",
@@ -300,20 +307,25 @@ def test_operator_pod_disruption_budget_leaves_a_replica_and_never_blocks_on_unh
     assert "minAvailable (2) must be less than operator.replicas (2)" in hang.stderr
 
 
-def test_leader_election_role_grants_only_the_operators_lease() -> None:
-    objects = render()
-    role = by_kind(objects, "Role")["rel-sessionfleet-operator-leader"]
-    assert role["metadata"]["namespace"] == "sf"
-    # A create cannot be restricted by name; everything else only on the one Lease.
-    assert role["rules"] == [
+def leader_role_rules(leases: list[str]) -> list[dict[str, Any]]:
+    """The leader-election Role's rules: a create cannot be restricted by name;
+    everything else only on the operator's Leases."""
+    return [
         {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
         {
             "apiGroups": ["coordination.k8s.io"],
             "resources": ["leases"],
-            "resourceNames": ["rel-sessionfleet-operator"],
+            "resourceNames": leases,
             "verbs": ["get", "patch"],
         },
     ]
+
+
+def test_leader_election_role_grants_only_the_operators_lease() -> None:
+    objects = render()
+    role = by_kind(objects, "Role")["rel-sessionfleet-operator-leader"]
+    assert role["metadata"]["namespace"] == "sf"
+    assert role["rules"] == leader_role_rules(["rel-sessionfleet-operator"])
     binding = by_kind(objects, "RoleBinding")["rel-sessionfleet-operator-leader"]
     assert binding["metadata"]["namespace"] == "sf"
     assert binding["roleRef"] == {
@@ -557,6 +569,283 @@ def test_router_role_lives_in_the_namespace_it_serves() -> None:
     }
     router = by_kind(objects, "Deployment")["rel-sessionfleet-router"]
     assert "--namespace=inference" in container(router)["args"]
+
+
+# --- operator shards --------------------------------------------------------------------
+
+
+def shard_selector(shard: str) -> dict[str, str]:
+    """The labels that select one operator shard's pods."""
+    return {**OPERATOR_SELECTOR, SHARD_LABEL: shard}
+
+
+def operator_deployments(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The operator's Deployments (one, or one per shard), by name."""
+    return {
+        name: deployment
+        for name, deployment in by_kind(objects, "Deployment").items()
+        if name.startswith("rel-sessionfleet-operator")
+    }
+
+
+def by_kind_in_namespaces(
+    objects: list[dict[str, Any]], kind: str
+) -> dict[tuple[str, str], dict[str, Any]]:
+    """Namespaced objects of one kind, by (namespace, name): one name may be in many."""
+    return {
+        (o["metadata"]["namespace"], o["metadata"]["name"]): o for o in objects if o["kind"] == kind
+    }
+
+
+def test_helm_lint_strict_with_shards(tmp_path: Path) -> None:
+    values = tmp_path / "shards.yaml"
+    values.write_text(yaml.safe_dump({"operator": {"shards": SHARDS}}))
+    result = helm("lint", "--strict", str(CHART), f"--values={values}")
+    assert "1 chart(s) linted, 0 chart(s) failed" in result.stdout, result.stdout
+
+
+def test_two_shards_render_a_deployment_each_with_its_namespaces_lease_and_label() -> None:
+    from sessionfleet.cli import build_parser
+
+    objects = render(values={"operator": {"shards": SHARDS}})
+    deployments = operator_deployments(objects)
+    assert set(deployments) == {"rel-sessionfleet-operator-a", "rel-sessionfleet-operator-b"}
+    for shard in SHARDS:
+        name = shard["name"]
+        operator = deployments[f"rel-sessionfleet-operator-{name}"]
+        spec = operator["spec"]
+        assert spec["replicas"] == 2
+        assert operator["metadata"]["labels"][SHARD_LABEL] == name
+        assert spec["selector"]["matchLabels"] == shard_selector(name)
+        pod_labels = spec["template"]["metadata"]["labels"]
+        assert shard_selector(name).items() <= pod_labels.items()
+        term = spec["template"]["spec"]["affinity"]["podAntiAffinity"][
+            "preferredDuringSchedulingIgnoredDuringExecution"
+        ][0]["podAffinityTerm"]
+        assert term["labelSelector"] == {"matchLabels": shard_selector(name)}
+        # The shards share the one ServiceAccount.
+        assert spec["template"]["spec"]["serviceAccountName"] == "rel-sessionfleet-operator"
+        args = container(operator)["args"]
+        assert [a for a in args if a.startswith("--namespace=")] == [
+            f"--namespace={namespace}" for namespace in shard["namespaces"]
+        ]
+        assert args[args.index("--leader-elect") :] == [
+            "--leader-elect",
+            "--leader-election-namespace=sf",
+            f"--leader-election-id=rel-sessionfleet-operator-{name}",
+            "--lease-duration=15s",
+            "--renew-deadline=10s",
+            "--retry-period=2s",
+        ]
+        parsed = build_parser().parse_args(args)
+        assert parsed.namespace == shard["namespaces"]
+        assert parsed.leader_election_id == f"rel-sessionfleet-operator-{name}"
+        assert_restricted(operator)
+    # Disjoint selectors: neither shard's Deployment selects the other's pods.
+    a, b = (deployments[f"rel-sessionfleet-operator-{s}"] for s in ("a", "b"))
+    for mine, other in ((a, b), (b, a)):
+        selector = mine["spec"]["selector"]["matchLabels"]
+        other_pods = other["spec"]["template"]["metadata"]["labels"]
+        assert not selector.items() <= other_pods.items()
+    # The one metrics Service selects the pods of every shard.
+    metrics = by_kind(objects, "Service")["rel-sessionfleet-operator-metrics"]
+    assert metrics["spec"]["selector"] == OPERATOR_SELECTOR
+    assert "rel-sessionfleet-operator" in by_kind(objects, "ServiceAccount")
+
+
+def test_shard_leases_follow_the_lease_name() -> None:
+    objects = render(
+        values={"operator": {"shards": SHARDS, "leaderElection": {"leaseName": "fleet-leader"}}}
+    )
+    for name in ("a", "b"):
+        args = container(operator_deployments(objects)[f"rel-sessionfleet-operator-{name}"])["args"]
+        assert f"--leader-election-id=fleet-leader-{name}" in args
+    role = by_kind(objects, "Role")["rel-sessionfleet-operator-leader"]
+    assert role["rules"][1]["resourceNames"] == ["fleet-leader-a", "fleet-leader-b"]
+
+
+def test_each_shard_has_its_own_pod_disruption_budget() -> None:
+    budgets = by_kind(render(values={"operator": {"shards": SHARDS}}), "PodDisruptionBudget")
+    assert set(budgets) == {"rel-sessionfleet-operator-a", "rel-sessionfleet-operator-b"}
+    for name in ("a", "b"):
+        pdb = budgets[f"rel-sessionfleet-operator-{name}"]
+        assert pdb["metadata"]["namespace"] == "sf"
+        assert pdb["metadata"]["labels"][SHARD_LABEL] == name
+        assert pdb["spec"] == {
+            "minAvailable": 1,
+            "selector": {"matchLabels": shard_selector(name)},
+            "unhealthyPodEvictionPolicy": "AlwaysAllow",
+        }
+    # One replica a shard: no budget, as without shards.
+    one = render("operator.replicas=1", values={"operator": {"shards": SHARDS}})
+    assert by_kind(one, "PodDisruptionBudget") == {}
+    assert {d["spec"]["replicas"] for d in operator_deployments(one).values()} == {1}
+
+
+def test_with_shards_the_operators_series_carry_their_shard_for_the_leader_alerts() -> None:
+    values = {"operator": {"shards": SHARDS}, "serviceMonitor": {"enabled": True}}
+    monitors = by_kind(render(values=values), "ServiceMonitor")
+    assert monitors["rel-sessionfleet-operator"]["spec"]["podTargetLabels"] == [SHARD_LABEL]
+    assert "podTargetLabels" not in monitors["rel-sessionfleet-router"]["spec"]
+
+
+def test_shards_put_the_operators_roles_in_their_namespaces_and_nowhere_else() -> None:
+    objects = render(values={"operator": {"shards": SHARDS}})
+    cluster = by_kind(objects, "ClusterRole")["rel-sessionfleet-operator"]
+    assert rules(cluster) == OPERATOR_CLUSTER | {
+        ("", "namespaces", "list"),
+        ("", "namespaces", "watch"),
+    }
+    served = {"team-a", "team-b", "team-c", "sf"}
+    operator = "rel-sessionfleet-operator"
+    roles = {
+        key: role
+        for key, role in by_kind_in_namespaces(objects, "Role").items()
+        if key[1].startswith(operator)
+    }
+    # Besides the Lease's Role, the operator's Role in each shard namespace, no other.
+    assert set(roles) == {(namespace, operator) for namespace in served} | {
+        ("sf", f"{operator}-leader")
+    }
+    for namespace in served:
+        assert rules(roles[(namespace, operator)]) == OPERATOR_NAMESPACED
+    bindings = {
+        key: binding
+        for key, binding in by_kind_in_namespaces(objects, "RoleBinding").items()
+        if key[1] == operator
+    }
+    assert set(bindings) == {(namespace, operator) for namespace in served}
+    for binding in bindings.values():
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": operator, "namespace": "sf"}
+        ]
+
+
+def test_leader_election_role_grants_every_shards_lease_and_only_those() -> None:
+    objects = render(values={"operator": {"shards": SHARDS}})
+    role = by_kind(objects, "Role")["rel-sessionfleet-operator-leader"]
+    assert role["metadata"]["namespace"] == "sf"
+    assert role["rules"] == leader_role_rules(
+        ["rel-sessionfleet-operator-a", "rel-sessionfleet-operator-b"]
+    )
+    # One replica a shard without leader election: no Lease, no leader Role.
+    alone = render(
+        "operator.replicas=1",
+        "operator.leaderElection.enabled=false",
+        values={"operator": {"shards": SHARDS}},
+    )
+    assert "rel-sessionfleet-operator-leader" not in by_kind(alone, "Role")
+    for operator in operator_deployments(alone).values():
+        assert operator["spec"]["strategy"] == {"type": "Recreate"}
+        assert not [a for a in container(operator)["args"] if a.startswith("--leader-")]
+
+
+@pytest.mark.parametrize(
+    ("values", "sets", "message"),
+    [
+        pytest.param(
+            {"shards": SHARDS, "watchNamespaces": ["team-z"]},
+            (),
+            "operator.shards and operator.watchNamespaces are both set: use one or the other",
+            id="shards-and-watch-namespaces",
+        ),
+        pytest.param(
+            {"shards": [SHARDS[0], {**SHARDS[1], "name": "a"}]},
+            (),
+            'operator.shards: two shards are named "a"',
+            id="same-name",
+        ),
+        pytest.param(
+            {"shards": [SHARDS[0], {"name": "b", "namespaces": ["team-c", "team-b"]}]},
+            (),
+            'operator.shards: namespace "team-b" is in shard "a" and in shard "b"',
+            id="namespace-in-two-shards",
+        ),
+        pytest.param(
+            {"shards": SHARDS},
+            ("operator.leaderElection.enabled=false",),
+            "operator.replicas is 2 but operator.leaderElection.enabled is false: every shard",
+            id="replicas-without-leader-election",
+        ),
+        pytest.param(
+            {"shards": [{"name": "a" * 20, "namespaces": ["team-a"]}]},
+            ("fullnameOverride=" + "f" * 40,),
+            f'the Deployment of shard "{"a" * 20}", "{"f" * 40}-operator-{"a" * 20}", '
+            "is longer than 63 characters",
+            id="deployment-name-too-long",
+        ),
+    ],
+)
+def test_shards_that_would_overlap_fail_rendering_with_a_reason(
+    values: dict[str, Any], sets: tuple[str, ...], message: str
+) -> None:
+    result = template_text(*sets, values={"operator": values}, check=False)
+    assert result.returncode != 0
+    assert message in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize(
+    ("shards", "message"),
+    [
+        pytest.param(
+            [{"name": "a", "namespaces": []}],
+            "at '/operator/shards/0/namespaces': minItems: got 0, want 1",
+            id="no-namespaces",
+        ),
+        pytest.param(
+            [{"name": "a"}],
+            "at '/operator/shards/0': missing property 'namespaces'",
+            id="namespaces-missing",
+        ),
+        pytest.param(
+            [{"name": "a", "namespaces": ["team-a", "team-a"]}],
+            "at '/operator/shards/0/namespaces'",
+            id="namespace-twice-in-one-shard",
+        ),
+        pytest.param(
+            [{"name": "Team_A", "namespaces": ["team-a"]}],
+            "at '/operator/shards/0/name': 'Team_A' does not match pattern",
+            id="name-not-a-dns-label",
+        ),
+        pytest.param(
+            [{"name": "a" * 21, "namespaces": ["team-a"]}],
+            "at '/operator/shards/0/name': maxLength: got 21, want 20",
+            id="name-too-long",
+        ),
+        pytest.param(
+            [{"name": "a", "namespaces": ["team-a"], "replicas": 3}],
+            "additional properties 'replicas' not allowed",
+            id="unknown-key",
+        ),
+    ],
+)
+def test_the_schema_refuses_malformed_shards(shards: list[dict[str, Any]], message: str) -> None:
+    result = template_text(values={"operator": {"shards": shards}}, check=False)
+    assert result.returncode != 0
+    assert message in result.stderr, result.stderr
+
+
+def test_a_shard_without_namespaces_fails_even_without_the_schema() -> None:
+    result = helm(
+        "template",
+        "rel",
+        str(CHART),
+        "--namespace=sf",
+        f"--kube-version={K8S_VERSION}",
+        "--skip-schema-validation",
+        *set_args({"operator": {"shards": [{"name": "a", "namespaces": []}]}}, ()),
+        check=False,
+    )
+    assert result.returncode != 0
+    assert 'operator.shards: shard "a" has no namespaces' in result.stderr, result.stderr
+
+
+def test_without_shards_nothing_carries_a_shard_label() -> None:
+    for values in ({}, ALL_FEATURES):
+        text = template_text(values=values).stdout
+        assert SHARD_LABEL not in text
+    deployments = operator_deployments(render())
+    assert set(deployments) == {"rel-sessionfleet-operator"}
 
 
 # --- router -----------------------------------------------------------------------------

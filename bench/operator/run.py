@@ -251,6 +251,14 @@ class Tracker:
         elif phase == "Finished":
             self.finished.setdefault(name, now)
 
+    def errors(self) -> dict[str, Any]:
+        """The failed creates and patches, by error, and how often the watch restarted."""
+        return {
+            "create_errors": dict(self.create_errors),
+            "patch_errors": dict(self.patch_errors),
+            "watch_restarts": self.watch_restarts,
+        }
+
     def count(self, names: Iterable[str], seen: dict[str, float]) -> int:
         """How many of ``names`` are in ``seen``."""
         return sum(1 for name in names if name in seen)
@@ -349,12 +357,13 @@ async def create_sessions(
     rate: float,
     max_in_flight: int,
     tracker: Tracker,
+    body_of: Callable[[str], dict[str, Any]] = session_body,
 ) -> Pace:
     """Create the sessions at ``rate`` per second, spread over ``clients``."""
 
     async def send(index: int) -> None:
         name = names[index]
-        body = session_body(name)
+        body = body_of(name)
         client = clients[index % len(clients)]
         for _attempt in range(3):  # a create that fails is retried; its clock restarts
             tracker.sent[name] = time.monotonic()
@@ -719,10 +728,7 @@ async def measure(bench: Bench, args: argparse.Namespace) -> dict[str, Any]:
     finally:
         for task in background:
             task.cancel()
-    results["create_errors"] = dict(tracker.create_errors)
-    results["patch_errors"] = dict(tracker.patch_errors)
-    results["watch_restarts"] = tracker.watch_restarts
-    return results
+    return {**results, **tracker.errors()}
 
 
 # ------------------------------------------------------------------------ report
@@ -880,12 +886,17 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if cluster is not None:
             cluster.stop()
-    results["machine"] = {"cpus": os.cpu_count()}
-    print(report(results))
-    print(f"\noperator log: {log_dir}", file=sys.stderr)
-    if args.out is not None:
-        args.out.write_text(json.dumps(results, indent=2) + "\n")
+    publish(results, report(results), f"operator log: {log_dir}", args.out)
     return 0
+
+
+def publish(results: dict[str, Any], table: str, logs: str, out: Path | None) -> None:
+    """Print the figures (and where the logs are) and write them as JSON to ``out``."""
+    results["machine"] = {"cpus": os.cpu_count()}
+    print(table)
+    print(f"\n{logs}", file=sys.stderr)
+    if out is not None:
+        out.write_text(json.dumps(results, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -29,11 +29,18 @@ name unless the release name already contains it. Truncated so that the longest 
 {{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
 {{- end }}
 
-{{/* Labels that select one component's pods: stable across upgrades. */}}
+{{/*
+Labels that select one component's pods: stable across upgrades. With a `shard` (an
+operator shard's name, see operatorShards), also that shard's label, so that the
+shards' Deployments select disjoint pods.
+*/}}
 {{- define "sessionfleet.selectorLabels" -}}
 app.kubernetes.io/name: {{ include "sessionfleet.name" .root }}
 app.kubernetes.io/instance: {{ .root.Release.Name }}
 app.kubernetes.io/component: {{ .component }}
+{{- with get . "shard" }}
+sessionfleet.dev/shard: {{ . }}
+{{- end }}
 {{- end }}
 
 {{/* The labels every object carries, except the CRDs (see crdLabels). */}}
@@ -43,6 +50,9 @@ app.kubernetes.io/name: {{ include "sessionfleet.name" .root }}
 app.kubernetes.io/part-of: sessionfleet
 {{- with .component }}
 app.kubernetes.io/component: {{ . }}
+{{- end }}
+{{- with get . "shard" }}
+sessionfleet.dev/shard: {{ . }}
 {{- end }}
 {{- end }}
 
@@ -96,6 +106,76 @@ operator.leaderElection.leaseName, or `<fullname>-operator`.
 */}}
 {{- define "sessionfleet.operatorLeaseName" -}}
 {{- default (printf "%s-operator" (include "sessionfleet.fullname" .)) .Values.operator.leaderElection.leaseName }}
+{{- end }}
+
+{{/*
+The operator Deployments, as a JSON list of {name, namespaces} (read it with
+fromJsonArray): one per entry of operator.shards, or, without shards, the one operator
+with an empty name, serving operator.watchNamespaces (empty: the whole cluster). An
+empty name adds nothing to object names, labels or the Lease's name.
+*/}}
+{{- define "sessionfleet.operatorShards" -}}
+{{- if .Values.operator.shards }}
+{{- toJson .Values.operator.shards }}
+{{- else }}
+{{- toJson (list (dict "name" "" "namespaces" .Values.operator.watchNamespaces)) }}
+{{- end }}
+{{- end }}
+
+{{/*
+Every namespace the operator serves through a Role: operator.watchNamespaces, or the
+namespaces of all the shards. Empty: the operator serves the whole cluster. A JSON list.
+*/}}
+{{- define "sessionfleet.operatorNamespaces" -}}
+{{- $namespaces := .Values.operator.watchNamespaces }}
+{{- range .Values.operator.shards }}
+{{- $namespaces = concat $namespaces .namespaces }}
+{{- end }}
+{{- toJson $namespaces }}
+{{- end }}
+
+{{/*
+A shard's leader-election Lease, `<operatorLeaseName>-<shard>`; with no shard (an empty
+name), operatorLeaseName itself. Takes (dict "root" $ "shard" NAME).
+*/}}
+{{- define "sessionfleet.operatorShardLeaseName" -}}
+{{- include "sessionfleet.operatorLeaseName" .root }}{{ with .shard }}-{{ . }}{{ end }}
+{{- end }}
+
+{{/*
+Render-time checks of operator.shards that values.schema.json cannot express (and, for
+a chart installed with --skip-schema-validation, those it does). Renders nothing.
+*/}}
+{{- define "sessionfleet.validateOperatorShards" -}}
+{{- $shards := .Values.operator.shards }}
+{{- if and $shards .Values.operator.watchNamespaces }}
+{{- fail "operator.shards and operator.watchNamespaces are both set: use one or the other. With shards, each shard serves the namespaces it lists; move the namespaces of operator.watchNamespaces into the shards." }}
+{{- end }}
+{{- $names := dict }}
+{{- $owners := dict }}
+{{- $prefix := printf "%s-operator-" (include "sessionfleet.fullname" .) }}
+{{- range $shard := $shards }}
+{{- $name := required "operator.shards: every shard needs a name" $shard.name }}
+{{- if hasKey $names $name }}
+{{- fail (printf "operator.shards: two shards are named %q: each shard needs a name of its own (it names the shard's Deployment, PodDisruptionBudget and Lease)." $name) }}
+{{- end }}
+{{- $_ := set $names $name true }}
+{{- if gt (len (printf "%s%s" $prefix $name)) 63 }}
+{{- fail (printf "operator.shards: the Deployment of shard %q, %q, is longer than 63 characters: shorten the shard's name, or the release's name (fullnameOverride)." $name (printf "%s%s" $prefix $name)) }}
+{{- end }}
+{{- if not $shard.namespaces }}
+{{- fail (printf "operator.shards: shard %q has no namespaces: list the namespaces it serves, or remove the shard." $name) }}
+{{- end }}
+{{- range $namespace := $shard.namespaces }}
+{{- with get $owners $namespace }}
+{{- if eq . $name }}
+{{- fail (printf "operator.shards: namespace %q is listed twice in shard %q." $namespace $name) }}
+{{- end }}
+{{- fail (printf "operator.shards: namespace %q is in shard %q and in shard %q: a namespace must belong to exactly one shard, or two leaders would act on its objects at once." $namespace . $name) }}
+{{- end }}
+{{- $_ := set $owners $namespace $name }}
+{{- end }}
+{{- end }}
 {{- end }}
 
 {{/* The namespace the router serves (and where its Role lives). */}}

@@ -1,0 +1,169 @@
+"""What a placement and a pass of the fleet loop cost the operator at 100,000 sessions.
+
+No cluster: the operator's own indexes (the stores kopf keeps: key to the values
+under it) filled with records parsed from synthetic objects — ``--workers`` Ready
+workers and ``--sessions`` sessions Bound to them (bench/scale/memory.py's objects) —
+and the operator's own functions timed on them, single-threaded:
+
+* **placing one session**: ``Fleet.loads`` (placement's view of every worker) and
+  ``place``; with the per-worker loads the session events keep (now), and counted from
+  the index by worker, as every placement did before (the baseline, reproduced here);
+* **deciding sessions**: the pure decision (``next_step``) over every session, which
+  every pass of the fleet loop made before, against a marked pass's few hundred;
+* **marking**: what a session event costs in :class:`WorkQueue` and
+  :class:`WorkerLoads`.
+
+    .venv/bin/python bench/scale/passes.py [--sessions 10000,100000] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.append(str(REPO))
+
+from bench.scale.memory import NAMESPACE, WORKERS, agent_session  # noqa: E402
+from sessionfleet.controllers.config import OperatorConfig  # noqa: E402
+from sessionfleet.controllers.fleet import Fleet  # noqa: E402
+from sessionfleet.controllers.records import session_record, worker_record  # noqa: E402
+from sessionfleet.controllers.sessions import next_step  # noqa: E402
+from sessionfleet.policy.placement import PlacementRequest, WorkerLoad, place  # noqa: E402
+from sessionfleet.policy.sessions import SessionState, next_check  # noqa: E402
+
+NOW = datetime(2026, 12, 1, 12, 5, tzinfo=UTC)
+
+
+def worker_body(index: int, max_sessions: int) -> dict[str, Any]:
+    """A Ready InferenceWorker as the API server returns it."""
+    name = f"w-{index:03d}"
+    return {
+        "apiVersion": "sessionfleet.dev/v1alpha1",
+        "kind": "InferenceWorker",
+        "metadata": {"name": name, "namespace": NAMESPACE, "resourceVersion": str(index + 1)},
+        "spec": {
+            "model": "qwen3-coder",
+            "engine": {"type": "sim"},
+            "gpus": 1,
+            "capacity": {"maxSessions": max_sessions},
+        },
+        "status": {"phase": "Ready", "epoch": 1, "pod": f"{name}-1", "node": "n1"},
+    }
+
+
+def fleet_of(sessions: int, workers: int) -> Fleet:
+    """A Fleet whose indexes hold the workers and sessions, loads counted from events."""
+    fleet = Fleet(config=OperatorConfig(), kube=None, http=None)  # type: ignore[arg-type]
+    records = [worker_record(worker_body(i, 2 * sessions // workers + 1)) for i in range(workers)]
+    fleet.workers = {r.key: [r] for r in records}  # type: ignore[assignment]
+    by_name: dict[Any, list[SessionState]] = {}
+    by_worker: dict[Any, list[SessionState]] = {}
+    for index in range(sessions):
+        state = session_record(agent_session(index))
+        by_name[state.key] = [state]
+        by_worker.setdefault((state.namespace, state.worker), []).append(state)
+        fleet.worker_loads.update(state)
+    fleet.sessions = by_name  # type: ignore[assignment]
+    fleet.session_workers = by_worker  # type: ignore[assignment]
+    return fleet
+
+
+def loads_counted_from_the_index(fleet: Fleet, namespace: str) -> list[WorkerLoad]:
+    """Placement's view as it was built before: each worker's sessions counted anew."""
+    loads = []
+    for record in fleet.all_workers():
+        if record.namespace != namespace or record.worker is None:
+            continue
+        pinned = [s for s in fleet.sessions_of(record.key) if s.pinned]
+        loads.append(
+            WorkerLoad(
+                name=record.name,
+                model=record.worker.spec.model,
+                ready=True,
+                pinned_sessions=len(pinned) + fleet.ledger.unseen[record.key],
+                max_sessions=record.worker.spec.capacity.max_sessions,
+                kv_tokens_capacity=record.worker.spec.capacity.kv_tokens,
+                kv_tokens_pinned=sum(s.context_tokens for s in pinned),
+                kv_usage=0.0,
+            )
+        )
+    return loads
+
+
+def timed(work: Callable[[], object], repeat: int) -> dict[str, float]:
+    """Milliseconds per call: median and best of ``repeat`` calls."""
+    times = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        work()
+        times.append(1000 * (time.perf_counter() - started))
+    return {"median_ms": round(statistics.median(times), 3), "best_ms": round(min(times), 3)}
+
+
+def measure(sessions: int, workers: int, marked: int) -> dict[str, Any]:
+    """Every figure for one size."""
+    fleet = fleet_of(sessions, workers)
+    request = PlacementRequest(model="qwen3-coder", expected_tokens=40000)
+    now_loads = place(request, fleet.loads(NAMESPACE))
+    then_loads = place(request, loads_counted_from_the_index(fleet, NAMESPACE))
+    assert now_loads.worker == then_loads.worker, "both views must place alike"
+    every = fleet.all_sessions()
+    few = every[:marked]
+    sample = every[0]
+    return {
+        "sessions": sessions,
+        "workers": workers,
+        "place_one_session": timed(lambda: place(request, fleet.loads(NAMESPACE)), 50),
+        "place_one_session_counting_the_index": timed(
+            lambda: place(request, loads_counted_from_the_index(fleet, NAMESPACE)), 10
+        ),
+        "decide_every_session": timed(lambda: [s for s in every if next_step(fleet, s, NOW)], 3),
+        f"decide_{marked}_marked_sessions": timed(
+            lambda: [s for s in few if next_step(fleet, s, NOW)], 50
+        ),
+        "mark_one_session_event_us": round(
+            timed(
+                lambda: [
+                    (
+                        fleet.worker_loads.update(sample),
+                        fleet.work.session(sample.key),
+                        fleet.work.session_deadlines.schedule(
+                            sample.key,
+                            next_check(sample).timestamp(),  # type: ignore[union-attr]
+                        ),
+                    )
+                    for _ in range(1000)
+                ],
+                20,
+            )["median_ms"],  # ms per 1,000 events: µs per event
+            3,
+        ),
+    }
+
+
+def main() -> int:
+    """Measure each size; print and save the figures."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sessions", default="10000,100000", help="comma-separated sizes")
+    parser.add_argument("--marked", type=int, default=200, help="sessions in a marked pass")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    results = [measure(int(size), WORKERS, args.marked) for size in args.sessions.split(",")]
+    text = json.dumps(results, indent=2)
+    print(text)
+    if args.out is not None:
+        args.out.write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
