@@ -9,7 +9,10 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from sessionfleet.api import InferenceWorkerSpec, InferenceWorkerStatus, SessionPhase, WorkerPhase
+from sessionfleet.controllers.config import OperatorConfig
+from sessionfleet.controllers.fleet import EngineStats, Fleet
 from sessionfleet.controllers.loads import WorkerLoads
+from sessionfleet.controllers.records import WorkerRecord, worker_record
 from sessionfleet.controllers.work import Deadlines, WorkQueue
 from sessionfleet.policy.drain import DEFAULT_POLICY, PinnedSession, PolicyChoice
 from sessionfleet.policy.observed import NodeState, PodState
@@ -210,3 +213,42 @@ def test_a_rebuild_counts_from_the_index_and_says_how_many_shares_were_wrong() -
     assert dict(loads.pinned) == {("ns", "w1"): 1, ("ns", "w2"): 1}
     assert loads.tokens[("ns", "w2")] == 30
     assert loads.rebuild(index) == 0
+
+
+def _worker(name: str, namespace: str = "ns", **spec: object) -> WorkerRecord:
+    return worker_record(
+        {
+            "apiVersion": "sessionfleet.dev/v1alpha1",
+            "kind": "InferenceWorker",
+            "metadata": {"name": name, "namespace": namespace, "resourceVersion": "1"},
+            "spec": {"model": "m", "engine": {"type": "sim"}, "gpus": 1, **spec},
+            "status": {"phase": "Ready", "epoch": 1, "pod": f"{name}-1"},
+        }
+    )
+
+
+def test_placement_sees_counted_sessions_unseen_binds_and_engine_figures() -> None:
+    fleet = Fleet(config=OperatorConfig(), kube=None, http=None)  # type: ignore[arg-type]
+    workers = [
+        _worker("w1", capacity={"maxSessions": 8}),
+        _worker("w2", drain=True),
+        _worker("w3", namespace="other"),
+        _worker("bad", engine={"type": "nope"}),  # invalid: not a placement candidate
+    ]
+    fleet.workers = {w.key: [w] for w in workers}
+    assert workers[-1].worker is None
+    fleet.worker_loads.update(_session("a", "w1", 300))
+    fleet.worker_loads.update(_session("b", "w1", 100))
+    fleet.ledger.add(("ns", "c"), "w1", 50)  # written, not yet seen
+    fleet.stats[("ns", "w1")] = EngineStats(kv_usage=0.25)
+    loads = {load.name: load for load in fleet.loads("ns")}
+    assert set(loads) == {"w1", "w2"}
+    w1, w2 = loads["w1"], loads["w2"]
+    assert (w1.pinned_sessions, w1.kv_tokens_pinned, w1.kv_usage, w1.max_sessions) == (
+        3,
+        400,
+        0.25,
+        8,
+    )
+    assert w1.ready and not w2.ready  # a worker asked to drain takes no new session
+    assert (w2.pinned_sessions, w2.kv_tokens_pinned, w2.kv_usage) == (0, 0, 0.0)
