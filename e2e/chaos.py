@@ -151,10 +151,15 @@ class Watch:
     """Samples pods, holds and bindings twice a second while the scene runs."""
 
     def __init__(self, kubeconfig: Path, namespace: str, workers: list[str]) -> None:
-        api = kube_config.new_client_from_config(config_file=str(kubeconfig))  # type: ignore[no-untyped-call]
         # One try per request: a sample the API server cannot answer is counted, not
-        # retried for seconds by urllib3 while the fault comes and goes unseen.
-        api.configuration.retries = False
+        # retried for seconds by urllib3 while the fault comes and goes unseen. Set
+        # before the client is made: its connection pool reads it only then.
+        configuration = client.Configuration()
+        kube_config.load_kube_config(  # type: ignore[no-untyped-call]
+            config_file=str(kubeconfig), client_configuration=configuration
+        )
+        configuration.retries = False
+        api = client.ApiClient(configuration)
         self.api = api
         self.core = client.CoreV1Api(api)
         self.policy = client.PolicyV1Api(api)

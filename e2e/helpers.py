@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+import pytest
 import yaml
 
 from e2e.localcluster import BACKED_LABEL, GPU_RESOURCE, gpu_pod_tolerations
@@ -101,6 +102,15 @@ def gpu_pod(
             **(extra_spec or {}),
         },
     }
+
+
+CUT_CONNECTIONS_LEAK = pytest.mark.filterwarnings(
+    "ignore:Exception ignored in. <ssl.SSLSocket:pytest.PytestUnraisableExceptionWarning"
+)
+"""For the tests that break the API server's connections under their own clients on
+purpose (killed, paused, cut): the Kubernetes client can then leave a broken TLS socket
+to the garbage collector, which e2e/conftest.py makes a failure everywhere else. Only
+that warning, and only in those modules (e2e/README.md, "Leaks")."""
 
 
 def wait_established(kubectl: Kubectl, *crds: str, timeout: float = 60) -> None:

@@ -20,10 +20,10 @@ import pytest
 from kubernetes import client
 
 from e2e.chaos import Scene
-from e2e.helpers import wait_until
+from e2e.helpers import CUT_CONNECTIONS_LEAK, wait_until
 from e2e.localcluster import LocalCluster
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), CUT_CONNECTIONS_LEAK]
 
 WAIT = {"mode": "Wait", "deadline": "10m"}
 

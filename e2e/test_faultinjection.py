@@ -38,10 +38,10 @@ from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 
 from e2e.faultproxy import FaultProxy, proxied_kubeconfig
-from e2e.helpers import gpu_pod, wait_until
+from e2e.helpers import CUT_CONNECTIONS_LEAK, gpu_pod, wait_until
 from e2e.localcluster import LocalCluster
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.timeout(180), CUT_CONNECTIONS_LEAK]
 
 
 def _api(kubeconfig: Path) -> Any:
