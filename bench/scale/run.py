@@ -83,7 +83,12 @@ from bench.operator.run import (  # noqa: E402
 )
 from e2e.helpers import wait_established  # noqa: E402
 from e2e.localcluster import LocalCluster, gpu_pod_tolerations  # noqa: E402
-from e2e.operator import OperatorProcess, Process, start_router  # noqa: E402
+from e2e.operator import (  # noqa: E402
+    CHART_ELECTION_ARGS,
+    OperatorProcess,
+    Process,
+    start_router,
+)
 from sessionfleet.kube import PODS, WORKERS, Kube, KubeConfig, KubeError  # noqa: E402
 from sessionfleet.resources.names import session_object_name  # noqa: E402
 
@@ -493,6 +498,15 @@ async def measure(fleet: Fleet, args: argparse.Namespace) -> dict[str, Any]:
     ]
     try:
         results["setup"] = {**results.get("setup", {}), "etcd": fleet.etcd_db_mib()}
+        # Let the start settle (every worker's first status writes and scrapes) so the
+        # first phase measures binds, not the fleet's start.
+        clocks.append(fleet.phase())
+        await asyncio.sleep(args.settle)
+        results["idle"] = {
+            "operator_rss_mib": fleet.rss_mib(fleet.operator_pid),
+            **clocks[-1].summary(),
+        }
+        log(f"idle with {args.workers} workers: {results['idle']}")
 
         # 1. Few sessions live.
         small = new_sessions("a", args.small)
@@ -504,6 +518,7 @@ async def measure(fleet: Fleet, args: argparse.Namespace) -> dict[str, Any]:
         await wait_for("bound", lambda: tracker.count(small, tracker.bound), len(small), 300)
         results["small"] = bind_figures(fleet, small, clocks[-1], args.small_rate)
         log(f"  {results['small']['bind_ms']}")
+        save_partial(args, results)
 
         # 2. Fill up to --live.
         fill = new_sessions("b", args.live - len(small))
@@ -539,6 +554,7 @@ async def measure(fleet: Fleet, args: argparse.Namespace) -> dict[str, Any]:
             "etcd": fleet.etcd_db_mib(),
         }
         log(f"  at {args.live} live: {results['at_live']}")
+        save_partial(args, results)
 
         # 3. Churn with drains and failures.
         live = [*small, *fill]
@@ -592,6 +608,7 @@ async def measure(fleet: Fleet, args: argparse.Namespace) -> dict[str, Any]:
             "operator_rss_mib": fleet.rss_mib(fleet.operator_pid),
         }
         log(f"  churn: {results['churn']['bind_ms']}")
+        save_partial(args, results)
 
         # The fleet loop's passes, over the whole run so far.
         text = await asyncio.to_thread(fleet.operator.metrics)
@@ -608,6 +625,12 @@ async def measure(fleet: Fleet, args: argparse.Namespace) -> dict[str, Any]:
         for task in background:
             task.cancel()
     return {**results, **tracker.errors()}
+
+
+def save_partial(args: argparse.Namespace, results: dict[str, Any]) -> None:
+    """Write the figures so far next to ``--out``: a long run stopped midway keeps them."""
+    if args.out is not None:
+        args.out.with_suffix(".partial.json").write_text(json.dumps(results, indent=2) + "\n")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -631,6 +654,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--clients", type=int, default=4, help="API clients creating sessions")
     parser.add_argument("--max-in-flight", type=int, default=128, help="open creates at most")
     parser.add_argument("--scrape-interval", type=float, default=15.0)
+    parser.add_argument("--settle", type=float, default=30.0, help="idle seconds before phase 1")
     parser.add_argument("--out", type=Path, help="write the figures as JSON here")
     args = parser.parse_args(argv)
     if args.workers > args.nodes * args.gpus_per_node:
@@ -656,6 +680,9 @@ async def run(args: argparse.Namespace, cluster: LocalCluster, log_dir: Path) ->
             "--resync=2",
             f"--scrape-interval={args.scrape_interval}",
             "--node-not-ready-toleration=30s",
+            # The chart's Lease timings: the e2e suite's 4 s renew deadline is for
+            # failover tests, and a leader that cannot renew in time exits.
+            *CHART_ELECTION_ARGS,
         ),
     )
     follow = asyncio.create_task(fleet.workers.follow(fleet.kube))

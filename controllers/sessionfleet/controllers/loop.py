@@ -62,6 +62,9 @@ async def _bounded(fleet: Fleet, jobs: Iterable[Job], now: datetime) -> None:
     retry_at = time.monotonic() + fleet.config.resync_seconds
 
     async def one(job: Job) -> None:
+        # Let event handlers in between jobs, a new session's bind among them: without
+        # this a pass of many jobs that never wait runs as one block of the event loop.
+        await asyncio.sleep(0)
         async with semaphore:
             ran = await run_isolated(
                 job, fleet.faults, functools.partial(record_fault, fleet=fleet), now
@@ -289,16 +292,20 @@ def _non_negative(value: float | None) -> float | None:
     return None if value is None else max(0.0, value)
 
 
-async def scrape_worker(fleet: Fleet, key: tuple[str, str], endpoint: str) -> None:
-    """Scrape one engine; a failure leaves the last figures in place."""
+async def scrape_worker(fleet: Fleet, key: tuple[str, str], endpoint: str) -> bool:
+    """Scrape one engine; return whether its figures changed (a failure keeps the last)."""
     try:
         response = await fleet.http.get(
             f"{endpoint}/metrics", timeout=fleet.config.scrape_timeout_seconds
         )
         response.raise_for_status()
-        fleet.stats[key] = parse_engine_metrics(response.text)
+        stats = parse_engine_metrics(response.text)
     except (httpx.HTTPError, ValueError) as error:
         log.debug("scrape of %s failed: %s", endpoint, error)
+        return False
+    changed = fleet.stats.get(key) != stats
+    fleet.stats[key] = stats
+    return changed
 
 
 async def scrape_forever(fleet: Fleet) -> None:
@@ -310,13 +317,16 @@ async def scrape_forever(fleet: Fleet) -> None:
     await fleet.leadership.acquired.wait()
     while True:
         targets = [
-            (r.key, r.status.endpoint)
+            (r.key, endpoint)
             for r in fleet.all_workers()
-            if r.status.endpoint and r.status.phase in (WorkerPhase.READY, WorkerPhase.DRAINING)
+            if (endpoint := r.status.endpoint)
+            and r.status.phase in (WorkerPhase.READY, WorkerPhase.DRAINING)
         ]
         if targets:
-            await asyncio.gather(*(scrape_worker(fleet, k, e) for k, e in targets if e))
-            for key, _ in targets:
-                fleet.work.worker(key)  # its counters and placement weight may change
+            changed = await asyncio.gather(*(scrape_worker(fleet, k, e) for k, e in targets))
+            # Only a worker whose figures moved has counters to write: an idle fleet's
+            # scrape marks nothing (500 workers marked every interval cost a pass each).
+            moved = (key for (key, _), change in zip(targets, changed, strict=True) if change)
+            fleet.work.workers.update(moved)
             fleet.wakeup.set()
         await asyncio.sleep(fleet.config.scrape_interval_seconds)
