@@ -45,6 +45,8 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 FULL: Final = Batch(full=True)
 GAUGE_SECONDS: Final = 5.0
+SCRAPES_AT_ONCE: Final = 16
+"""Engines scraped concurrently (see :func:`scrape_forever`)."""
 """Session and worker gauges count every session: exported at most this often."""
 
 
@@ -308,6 +310,23 @@ async def scrape_worker(fleet: Fleet, key: tuple[str, str], endpoint: str) -> bo
     return changed
 
 
+async def scrape_all(fleet: Fleet, targets: list[tuple[Key, str]]) -> list[bool]:
+    """Scrape the engines a few at a time; return whether each one's figures changed.
+
+    A few at a time: httpx's connection pool matches each queued request against every
+    connection on every change (encode/httpcore#1035), so 500 scrapes queued at once
+    cost the operator most of a core for seconds and held every bind behind them
+    (``make bench-scale``, bench/README.md).
+    """
+    limit = asyncio.Semaphore(SCRAPES_AT_ONCE)
+
+    async def one(key: Key, endpoint: str) -> bool:
+        async with limit:
+            return await scrape_worker(fleet, key, endpoint)
+
+    return await asyncio.gather(*(one(key, endpoint) for key, endpoint in targets))
+
+
 async def scrape_forever(fleet: Fleet) -> None:
     """Scrape every Ready worker's engine on the scrape interval, then wake the loop.
 
@@ -323,7 +342,7 @@ async def scrape_forever(fleet: Fleet) -> None:
             and r.status.phase in (WorkerPhase.READY, WorkerPhase.DRAINING)
         ]
         if targets:
-            changed = await asyncio.gather(*(scrape_worker(fleet, k, e) for k, e in targets))
+            changed = await scrape_all(fleet, targets)
             # Only a worker whose figures moved has counters to write: an idle fleet's
             # scrape marks nothing (500 workers marked every interval cost a pass each).
             moved = (key for (key, _), change in zip(targets, changed, strict=True) if change)
