@@ -252,3 +252,26 @@ def test_placement_sees_counted_sessions_unseen_binds_and_engine_figures() -> No
     )
     assert w1.ready and not w2.ready  # a worker asked to drain takes no new session
     assert (w2.pinned_sessions, w2.kv_tokens_pinned, w2.kv_usage) == (0, 0, 0.0)
+
+
+def test_a_workers_counts_are_looked_at_now_only_when_its_hold_changes() -> None:
+    work = WorkQueue()
+    work.take(wall=0.0, mono=0.0)  # the first, full pass
+    work.worker_counted(("ns", "first"), 0, 1, at=10.0)  # its first pinned session
+    work.worker_counted(("ns", "last"), 1, 0, at=10.0)  # its last one finished
+    work.worker_counted(("ns", "busy"), 5, 6, at=10.0)  # counters only: coalesced
+    work.worker_counted(("ns", "busy"), 6, 7, at=12.0)  # not pushed later by more events
+    assert work.take(wall=0.0, mono=1.0).workers == {("ns", "first"), ("ns", "last")}
+    assert work.take(wall=0.0, mono=9.0).workers == set()
+    assert work.take(wall=0.0, mono=10.0).workers == {("ns", "busy")}
+
+
+def test_the_policies_are_written_again_only_after_something_they_read_changed() -> None:
+    work = WorkQueue()
+    assert work.take(wall=0.0, mono=0.0).full
+    assert not work.take(wall=0.0, mono=1.0).policies
+    work.policies = True
+    assert work.take(wall=0.0, mono=2.0).policies
+    assert not work.take(wall=0.0, mono=3.0).policies
+    work.forget_worker(("ns", "gone"))  # a deleted worker leaves its policy's status
+    assert work.take(wall=0.0, mono=4.0).policies

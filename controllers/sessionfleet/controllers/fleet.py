@@ -238,6 +238,12 @@ class Fleet:
         state: NodeState | None = _one(self.nodes, name) if name else None
         return state
 
+    def all_nodes(self) -> list[NodeState]:
+        """Return every node the index holds."""
+        if self.nodes is None:
+            return []
+        return [state for key in list(self.nodes) for state in self.nodes[key]]
+
     def policies_in(self, namespace: str) -> list[PolicyRecord]:
         """Return the DrainPolicies of a namespace."""
         return list(self.policies.get(namespace, ())) if self.policies is not None else []

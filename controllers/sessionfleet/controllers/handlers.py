@@ -9,6 +9,7 @@ them, and a new session is bound straight from its event for a short bind latenc
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import kopf
@@ -16,6 +17,7 @@ import kopf
 from sessionfleet.api import GROUP, VERSION
 from sessionfleet.controllers import loop
 from sessionfleet.controllers.fleet import Fleet
+from sessionfleet.controllers.policies import worker_view
 from sessionfleet.controllers.records import (
     SharedRecords,
     checkpoint_record,
@@ -26,7 +28,7 @@ from sessionfleet.controllers.records import (
 from sessionfleet.controllers.sessions import reconcile_session, worker_brief
 from sessionfleet.policy.handshake import ROUTER_COMPONENT, ROUTER_COMPONENT_LABEL
 from sessionfleet.policy.observed import node_state, pod_state
-from sessionfleet.policy.sessions import next_check
+from sessionfleet.policy.sessions import SessionState, next_check
 from sessionfleet.resources.labels import EPOCH_LABEL, KOPF_PREFIX, WORKER_LABEL
 from sessionfleet.supervise import Supervisor
 
@@ -208,6 +210,10 @@ async def worker_event(
         fleet.work.each_session(s.key for s in fleet.sessions_of(key))
     if brief is None:
         fleet.work.briefs.pop(key, None)
+    view = worker_view(record) if record is not None else None
+    if fleet.work.views.get(key) != view:
+        fleet.work.views[key] = view
+        fleet.work.policies = True
 
 
 @kopf.on.event("", "v1", "pods", labels={WORKER_LABEL: kopf.PRESENT})
@@ -246,9 +252,30 @@ async def checkpoint_event(
 async def policy_event(memo: kopf.Memo, namespace: str | None, **_: Any) -> None:
     """Mark the namespace's workers: which policy governs each may have changed."""
     fleet = _wake(memo)
+    fleet.work.policies = True
     for record in fleet.all_workers():
         if record.namespace == namespace:
             fleet.work.worker(record.key)
+
+
+def _count(fleet: Fleet, key: tuple[str, str], state: SessionState | None) -> None:
+    """Count a session where it is bound now (``None``: deleted); mark what that moves.
+
+    Placement's per-worker counts and the ledger of bindings written but not yet seen
+    change in the same step, so a binding is counted once, there or here.
+    """
+    loads = fleet.worker_loads
+    now_on = (key[0], state.worker) if state is not None and state.worker else None
+    before = {w: loads.pinned.get(w, 0) for w in (loads.worker_of(key), now_on) if w}
+    if state is None:
+        fleet.ledger.settle(key)
+        loads.remove(key)
+    else:
+        fleet.ledger.observe(key, state.worker)  # the index shows this event now
+        loads.update(state)
+    due = time.monotonic() + fleet.config.status_coalesce_seconds
+    for worker, pinned in before.items():
+        fleet.work.worker_counted(worker, pinned, loads.pinned.get(worker, 0), due)
 
 
 @kopf.on.event(*SESSIONS)
@@ -264,20 +291,12 @@ async def session_event(
     fleet = _wake(memo)
     key = (namespace or "", name)
     if event.get("type") == "DELETED":
-        fleet.ledger.settle(key)
+        _count(fleet, key, None)
         fleet.work.forget_session(key)
-        left = fleet.worker_loads.remove(key)
-        if left is not None:
-            fleet.work.worker(left)
         return
     state = session_records(body)
-    fleet.ledger.observe(state.key, state.worker)  # the index shows this event now
-    # In the same step as the ledger: a binding is counted once, there or here.
-    left = fleet.worker_loads.update(state)
-    if left is not None:
-        fleet.work.worker(left)
+    _count(fleet, key, state)
     if state.worker is not None:
-        fleet.work.worker((state.namespace, state.worker))
         fleet.work.waiting.discard(key)
     fleet.work.session(key)
     when = next_check(state, fleet.config.idle_timeout)

@@ -44,6 +44,11 @@ class WorkerLoads:
         self.tokens[worker] += tokens
         return left if left != worker else None
 
+    def worker_of(self, session: Key) -> Key | None:
+        """Return the worker a session is counted on, if it is counted."""
+        share = self._share.get(session)
+        return share[0] if share is not None else None
+
     def remove(self, session: Key) -> Key | None:
         """Stop counting a session (deleted, finished, lost); return its worker, if any."""
         share = self._share.pop(session, None)

@@ -37,7 +37,7 @@ from sessionfleet.controllers.workers import reconcile_worker
 from sessionfleet.engines import vllm
 from sessionfleet.kube import SESSIONS, WORKERS
 from sessionfleet.policy.observed import NodeState
-from sessionfleet.policy.recovery import node_recovery_gate
+from sessionfleet.policy.recovery import NodeRecoveryGate, node_recovery_gate
 from sessionfleet.policy.sessions import SessionState, next_check
 
 log = logging.getLogger(__name__)
@@ -106,19 +106,15 @@ async def reconcile_once(fleet: Fleet, now: datetime, batch: Batch = FULL) -> No
     """
     started = time.monotonic()
     fleet.forget_deleted()
-    fleet.node_gate = node_recovery_gate(
-        fleet_nodes(fleet),
-        moving=sum(1 for r in fleet.all_workers() if moving_off_not_ready_node(r.raw_status)),
-        max_concurrent=fleet.config.max_concurrent_node_recoveries,
-        unhealthy_threshold=fleet.config.unhealthy_node_threshold,
-    )
+    fleet.node_gate = _node_gate(fleet)
     workers = fleet.all_workers() if batch.full else _present(fleet.worker, batch.workers)
     await _bounded(
         fleet,
         (Job(WORKERS, r.key, functools.partial(reconcile_worker, fleet, r, now)) for r in workers),
         now,
     )
-    await reconcile_policies(fleet, now)
+    if batch.full or batch.policies:
+        await reconcile_policies(fleet, now)
     sessions = fleet.all_sessions() if batch.full else _present(fleet.session, batch.sessions)
     if batch.full:
         _repair(fleet, sessions)
@@ -154,6 +150,22 @@ def _repair(fleet: Fleet, sessions: list[SessionState]) -> None:
     for session in sessions:
         when = next_check(session, fleet.config.idle_timeout)
         deadlines.schedule(session.key, when.timestamp() if when is not None else None)
+
+
+def _node_gate(fleet: Fleet) -> NodeRecoveryGate:
+    """Return this pass's budget for moving workers off NotReady nodes.
+
+    Only a worker on a NotReady node takes from it: while every node is Ready it is not
+    worked out (it looks at every worker's pods, on every pass).
+    """
+    if all(node.ready for node in fleet.all_nodes()):
+        return NodeRecoveryGate(fleet.config.max_concurrent_node_recoveries)
+    return node_recovery_gate(
+        fleet_nodes(fleet),
+        moving=sum(1 for r in fleet.all_workers() if moving_off_not_ready_node(r.raw_status)),
+        max_concurrent=fleet.config.max_concurrent_node_recoveries,
+        unhealthy_threshold=fleet.config.unhealthy_node_threshold,
+    )
 
 
 def fleet_nodes(fleet: Fleet) -> list[NodeState]:

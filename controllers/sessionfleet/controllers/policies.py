@@ -135,6 +135,7 @@ async def reconcile_policies(fleet: Fleet, now: datetime) -> None:
             job = Job(
                 DRAIN_POLICIES, policy.key, functools.partial(write_status, fleet, policy, status)
             )
-            await run_isolated(job, fleet.faults, record, now)
+            if not await run_isolated(job, fleet.faults, record, now):
+                fleet.work.policies = True  # written again on the next pass
 
     await asyncio.gather(*(one(policy, status) for policy, status in desired))
