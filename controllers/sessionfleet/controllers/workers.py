@@ -297,8 +297,20 @@ async def reconcile_worker(fleet: Fleet, record: WorkerRecord, now: datetime) ->
     if patch:
         await write_status(fleet, record, patch)
     await reconcile_checkpoints(fleet, record, worker, now)
-    fleet.work.settle(
-        record.key, settled(observation, plan) and record.key not in fleet.running_checkpoints
+    fleet.work.settle(record.key, settled(observation, plan) and not _checkpointing(fleet, record))
+
+
+def _checkpointing(fleet: Fleet, record: WorkerRecord) -> bool:
+    """Whether a checkpoint of the worker runs here, or is left Pending or Running.
+
+    Such a checkpoint has a deadline (``--checkpoint-timeout``) that only the clock
+    brings, even one a stopped operator left behind: the worker is looked at every pass.
+    """
+    if record.key in fleet.running_checkpoints:
+        return True
+    return any(
+        c.phase in (None, CheckpointPhase.PENDING, CheckpointPhase.RUNNING) and not c.refused
+        for c in fleet.checkpoints_of(record.key)
     )
 
 
@@ -402,19 +414,23 @@ _ANNOTATION_HOLDS = frozenset(
 )
 
 
-def _needs_write(fleet: Fleet, what: str, key: Key, settled: bool) -> bool:
+def _needs_write(fleet: Fleet, what: str, key: Key, settled: bool, worker: Key) -> bool:
     """Whether to write a hold for ``key``: it is not as wanted, and no write is on its way.
 
     Level-triggered: the wanted holds are compared with what the indexes show, so a
-    PodDisruptionBudget or annotation removed by hand is put back on the next pass; a
-    write the watch has not shown yet is not repeated for a while.
+    PodDisruptionBudget or annotation removed by hand is put back on the worker's next
+    reconcile; a write the watch has not shown yet is not repeated for a while, and the
+    worker is looked at again when that while is over (no event may come to mark it).
     """
     entry = (what, key)
     if settled:
         fleet.hold_writes.pop(entry, None)
         return False
     written = fleet.hold_writes.get(entry)
-    return written is None or time.monotonic() - written >= HOLD_WRITE_PATIENCE_SECONDS
+    if written is None or time.monotonic() - written >= HOLD_WRITE_PATIENCE_SECONDS:
+        return True
+    fleet.work.retry(WORKERS.plural, worker, written + HOLD_WRITE_PATIENCE_SECONDS)
+    return False
 
 
 async def _apply_holds(
@@ -424,7 +440,7 @@ async def _apply_holds(
     wanted = plan.holds
     want_pdb = HoldMechanism.POD_DISRUPTION_BUDGET in wanted
     has_pdb = fleet.has_pdb(record.key)
-    if _needs_write(fleet, "pdb", record.key, settled=want_pdb == has_pdb):
+    if _needs_write(fleet, "pdb", record.key, settled=want_pdb == has_pdb, worker=record.key):
         try:
             if want_pdb:
                 await fleet.kube.create(PDBS, build_pdb(worker), record.namespace)
@@ -440,7 +456,9 @@ async def _apply_holds(
         return
     wanted_annotations = wanted & _ANNOTATION_HOLDS
     pod_key = (record.namespace, pod.name)
-    if not _needs_write(fleet, "annotations", pod_key, settled=pod.holds == wanted_annotations):
+    if not _needs_write(
+        fleet, "annotations", pod_key, settled=pod.holds == wanted_annotations, worker=record.key
+    ):
         return
     annotations = hold_annotations(
         HoldMechanism.KARPENTER_DO_NOT_DISRUPT in wanted,
