@@ -152,6 +152,9 @@ class Fleet:
     freshness: Freshness = field(default_factory=Freshness)
     faults: Faults = field(default_factory=Faults)
     node_gate: NodeRecoveryGate = field(default_factory=lambda: NodeRecoveryGate(0))
+    node_moves: dict[Key, float] = field(default_factory=dict)
+    """Workers this process moved off a NotReady node (monotonic time of the write),
+    until the index shows them Recovering: the node gate counts them meanwhile."""
     """This pass's budget for moving workers off NotReady nodes (set by the loop)."""
     """Objects whose last reconcile failed (controllers/sessionfleet/controllers/faults.py)."""
     ledger: BindingLedger = field(default_factory=BindingLedger)

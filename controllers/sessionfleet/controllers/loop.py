@@ -162,10 +162,34 @@ def _node_gate(fleet: Fleet) -> NodeRecoveryGate:
         return NodeRecoveryGate(fleet.config.max_concurrent_node_recoveries)
     return node_recovery_gate(
         fleet_nodes(fleet),
-        moving=sum(1 for r in fleet.all_workers() if moving_off_not_ready_node(r.raw_status)),
+        moving=_moving_off_not_ready_nodes(fleet, time.monotonic()),
         max_concurrent=fleet.config.max_concurrent_node_recoveries,
         unhealthy_threshold=fleet.config.unhealthy_node_threshold,
     )
+
+
+NODE_MOVE_MEMORY_SECONDS: Final = 30.0
+"""How long a move off a NotReady node counts before the index shows it (a write's
+watch event comes back within milliseconds; this only bounds a lost one)."""
+
+
+def _moving_off_not_ready_nodes(fleet: Fleet, now: float) -> int:
+    """Count the workers moving off NotReady nodes, shown by the index or written here.
+
+    A move this process wrote counts until the index shows it. Two workers on NotReady
+    nodes are often reconciled in different passes (their nodes' events come apart):
+    without these, the pass between a move's write and its watch event would see no
+    move and let a second one past the cap.
+    """
+    moving = 0
+    for record in fleet.all_workers():
+        shown = moving_off_not_ready_node(record.raw_status)
+        written = fleet.node_moves.get(record.key)
+        if shown or (written is not None and now - written >= NODE_MOVE_MEMORY_SECONDS):
+            fleet.node_moves.pop(record.key, None)
+            written = None
+        moving += shown or written is not None
+    return moving
 
 
 def fleet_nodes(fleet: Fleet) -> list[NodeState]:

@@ -277,6 +277,8 @@ async def reconcile_worker(fleet: Fleet, record: WorkerRecord, now: datetime) ->
         await write_status(fleet, record, patch, plan.recovery if epoch_changed else None)
         patch = {}
         if plan.recovery is not None and epoch_changed:
+            if plan.recovery is Reason.NODE_NOT_READY:
+                fleet.node_moves[record.key] = time.monotonic()  # counted by the next gates
             metrics.RECOVERIES.labels(plan.recovery.value).inc()
             log.info("worker %s: %s; epoch %d", record.key, plan.recovery.value, plan.epoch)
     started = record.status.drain_started_at
