@@ -109,7 +109,16 @@ BENCH_KARPENTER_ARGS ?=
 bench-karpenter: e2e-tools $(STAMP)
 	$(PY) bench/karpenter/run.py --out build/bench-karpenter.json $(BENCH_KARPENTER_ARGS)
 
-# Memory of the operator's session indexes and the router's binding table at 10,000 and
+# A restarted operator with 2,000 to 20,000 AgentSessions: time, CPU and memory until
+# it is ready (bench/README.md, "Scale: a start with many sessions"), against a local
+# cluster it starts. Another checkout's operator beside it:
+#   BENCH_RESTART_ARGS="--sessions 1000,5000 --before OTHER/.venv/bin/sessionfleet"
+.PHONY: bench-scale-restart
+BENCH_RESTART_ARGS ?=
+bench-scale-restart: e2e-tools $(STAMP)
+	$(PY) bench/scale/restart.py --out build/bench-scale-restart.json $(BENCH_RESTART_ARGS)
+
+# Memory of the operator's sessions and the router's binding table at 10,000 and
 # 100,000 sessions, and the CPU of parsing one AgentSession (bench/README.md, "Scale:
 # memory"); no cluster. BENCH_SCALE_ARGS="--sessions 1000,10000".
 .PHONY: bench-scale-memory

@@ -38,7 +38,15 @@ def free_port() -> int:
 class OperatorProcess:
     """``sessionfleet operator`` serving one namespace, with its own metrics port."""
 
-    def __init__(self, kubeconfig: Path, namespace: str, log_dir: Path, *extra: str) -> None:
+    def __init__(
+        self,
+        kubeconfig: Path,
+        namespace: str,
+        log_dir: Path,
+        *extra: str,
+        binary: Path = SESSIONFLEET,
+    ) -> None:
+        self.binary = binary
         self.kubeconfig = kubeconfig
         self.namespace = namespace
         self.log_path = log_dir / f"operator-{namespace}.log"
@@ -51,7 +59,7 @@ class OperatorProcess:
     def start(self) -> None:
         """Start the process (appending to its log)."""
         argv = [
-            str(SESSIONFLEET),
+            str(self.binary),
             "operator",
             f"--namespace={self.namespace}",
             f"--kubeconfig={self.kubeconfig}",

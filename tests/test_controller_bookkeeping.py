@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import replace
 from datetime import UTC, datetime
-from typing import Any
 
 from sessionfleet.api import SessionPhase
 from sessionfleet.controllers.config import OperatorConfig
@@ -38,9 +37,10 @@ def test_ledger_counts_unseen_bindings_per_worker() -> None:
     assert not ledger.pending and not ledger.unseen
 
 
-def _fleet(sessions: dict[Any, list[SessionState]]) -> Fleet:
+def _fleet(*sessions: SessionState) -> Fleet:
     fleet = Fleet(config=OperatorConfig(), kube=None, http=None)  # type: ignore[arg-type]
-    fleet.sessions = sessions  # type: ignore[assignment]
+    for session in sessions:
+        fleet.sessions.put(session)
     return fleet
 
 
@@ -56,7 +56,7 @@ def test_a_deleted_session_is_not_deleted_again_while_the_index_still_shows_it()
         ttl_seconds=0,
         resource_version=5,
     )
-    fleet = _fleet({("ns", "s"): [finished]})
+    fleet = _fleet(finished)
     step = next_step(fleet, finished, NOW)
     assert step is not None and step.action is Action.DELETE
 
@@ -69,13 +69,13 @@ def test_a_deleted_session_is_not_deleted_again_while_the_index_still_shows_it()
     anew = SessionState("ns", "s", "id-s", "m", created_at=NOW, resource_version=9)
     step = next_step(fleet, anew, NOW)
     assert step is not None and step.action is Action.PLACE
-    fleet.sessions = {("ns", "s"): [anew]}  # type: ignore[assignment]
+    fleet.sessions.put(anew)
     fleet.forget_deleted()
     assert not fleet.deleted_sessions
 
 
 def test_the_deleted_record_goes_once_the_watch_reports_the_deletion() -> None:
-    fleet = _fleet({})
+    fleet = _fleet()
     fleet.deleted_sessions[("ns", "gone")] = 7
     fleet.forget_deleted()
     assert not fleet.deleted_sessions
@@ -93,7 +93,7 @@ def test_next_step_is_none_for_a_bound_session_that_needs_nothing() -> None:
         bound_at=NOW,
         resource_version=3,
     )
-    fleet = _fleet({("ns", "s"): [bound]})
+    fleet = _fleet(bound)
     # Its worker is unknown to this fleet, so the step is to mark it Lost ...
     step = next_step(fleet, bound, NOW)
     assert step is not None and step.phase is SessionPhase.LOST

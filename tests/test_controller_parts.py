@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
 
 from sessionfleet.api import ConditionStatus, ConditionType, Reason, SessionPhase
 from sessionfleet.controllers.fleet import Freshness
 from sessionfleet.controllers.loop import parse_engine_metrics
-from sessionfleet.controllers.records import SharedRecords, session_record, worker_record
+from sessionfleet.controllers.records import session_record, worker_record
 from sessionfleet.controllers.status import status_patch
 from sessionfleet.policy.worker import ConditionPlan
 from sessionfleet.resources.status import merge_conditions
@@ -72,28 +71,6 @@ def test_session_record_from_a_body() -> None:
         77,
     )
     assert state.context_tokens == 3000 and state.invalid is None
-
-
-def test_the_session_indexes_share_one_record_per_object_version() -> None:
-    def body(version: str, worker: str, uid: str = "u-1") -> dict[str, Any]:
-        return {
-            "apiVersion": "sessionfleet.dev/v1alpha1",
-            "kind": "AgentSession",
-            "metadata": {"name": "s", "namespace": "ns", "uid": uid, "resourceVersion": version},
-            "spec": {"sessionId": "sid", "model": "m"},
-            "status": {"phase": "Bound", "worker": worker},
-        }
-
-    records = SharedRecords(size=2)
-    first = records(body("7", "w1"))
-    assert records(body("7", "w1")) is first  # the second index: no second parse
-    moved = records(body("8", "w2"))
-    assert moved is not first and moved.worker == "w2"
-    assert records(body("7", "w1", uid="u-2")) is not first  # another object
-    assert records(body("7", "w1")) is not first  # only the last two versions are kept
-    # Without a version (never from the API server) every call parses.
-    bare = body("", "w1")
-    assert records(bare) is not records(bare) and records(bare) == session_record(bare)
 
 
 def test_invalid_bodies_keep_their_reason() -> None:

@@ -9,8 +9,10 @@ operator and routers write it), then, measured with tracemalloc (Python heap, no
 * the router's binding table after ``replace_sessions`` (what a relist builds), and the
   peak heap of a relist through the router's reflector, the LIST read in pages of 500:
   keeping the objects until the table is rebuilt, or turning each page into views;
-* the operator's session indexes, filled by its own index functions (handlers.py): each
-  AgentSession by name and by bound worker, the two sharing one record per version.
+* the operator: its AgentSession watch (controllers/sessionwatch.py) listing every
+  session through the same reflector, in pages of 500, into its fleet: what the fleet
+  then holds for them (records by name and by worker, per-worker loads, each session's
+  next deadline), and the peak heap while the list ran.
 
 Also the CPU of one ``session_record`` (a pydantic validation of the whole object),
 which the operator pays once per event.
@@ -35,8 +37,10 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.append(str(REPO))
 
-from sessionfleet.controllers import handlers  # noqa: E402
+from sessionfleet.controllers.config import OperatorConfig  # noqa: E402
+from sessionfleet.controllers.fleet import Fleet  # noqa: E402
 from sessionfleet.controllers.records import session_record  # noqa: E402
+from sessionfleet.controllers.sessionwatch import follow, sources  # noqa: E402
 from sessionfleet.kube import SESSIONS  # noqa: E402
 from sessionfleet.kube.reflector import reflect  # noqa: E402
 from sessionfleet.router.bindings import BindingTable, SessionView  # noqa: E402
@@ -131,26 +135,6 @@ def heap_of(build: Callable[[], Any]) -> tuple[Any, int]:
     return built, tracemalloc.get_traced_memory()[0] - before
 
 
-def operator_indexes(objects: list[dict[str, Any]]) -> tuple[dict[Any, Any], dict[Any, Any]]:
-    """The two kopf indexes of AgentSessions, filled by the operator's own index functions."""
-
-    async def fill() -> tuple[dict[Any, Any], dict[Any, Any]]:
-        by_name: dict[Any, Any] = {}
-        by_worker: dict[Any, Any] = {}
-        for obj in objects:
-            meta = obj["metadata"]
-            body: Any = obj
-            namespace, name = meta["namespace"], meta["name"]
-            by_name.update(await handlers.session_index(body=body, namespace=namespace, name=name))
-            for key, state in (
-                await handlers.session_worker_index(body=body, namespace=namespace)
-            ).items():
-                by_worker.setdefault(key, []).append(state)
-        return by_name, by_worker
-
-    return asyncio.run(fill())
-
-
 class Pager:
     """Answers a chunked LIST of ``count`` sessions, 500 a page, each page decoded anew."""
 
@@ -164,6 +148,35 @@ class Pager:
                 [agent_session(i) for i in range(start, stop)],
                 (str(self.count) if stop == self.count else None),
             )
+
+    async def watch(self, *_: Any, **__: Any) -> Any:
+        """Nothing happens after the list."""
+        await asyncio.Event().wait()
+        yield  # an async generator, as Kube.watch is
+
+
+def operator_relist(count: int) -> tuple[Fleet, int, int]:
+    """The operator's session watch listing ``count`` sessions, as at a start or after a
+    410: what its fleet then holds for them (heap), and the peak heap while it listed
+    (taken before the event loop's teardown, which allocates on its own)."""
+
+    async def relist() -> tuple[Fleet, int]:
+        pager: Any = Pager(count)
+        fleet = Fleet(config=OperatorConfig(), kube=pager, http=None)
+        task = asyncio.create_task(follow(fleet, sources([NAMESPACE])[0]))
+        while not fleet.sessions.listed:
+            await asyncio.sleep(0.01)
+        peak = tracemalloc.get_traced_memory()[1]
+        task.cancel()
+        return fleet, peak
+
+    gc.collect()
+    tracemalloc.start()
+    fleet, peak = asyncio.run(relist())
+    gc.collect()
+    held = tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    return fleet, held, peak
 
 
 def relist_peak(count: int, *, views: bool) -> int:
@@ -197,16 +210,17 @@ def measure(count: int) -> dict[str, Any]:
     tracemalloc.start()
     objects, raw = heap_of(lambda: [agent_session(i) for i in range(count)])
     table, table_bytes = heap_of(lambda: _table(objects))
-    indexes, index_bytes = heap_of(lambda: operator_indexes(objects))
     tracemalloc.stop()  # it slows allocation: the CPU figure is taken without it
     started = time.process_time()
     sample = objects[: min(count, 5000)]
     for obj in sample:
         session_record(obj)
     parse_us = (time.process_time() - started) / len(sample) * 1e6
-    del table, indexes
+    del table
     peak_objects = relist_peak(count, views=False)
     peak_views = relist_peak(count, views=True)
+    fleet, operator_bytes, operator_peak = operator_relist(count)
+    assert len(fleet.sessions) == count
     return {
         "sessions": count,
         "relist_peak_objects_mib": round(peak_objects / 2**20, 1),
@@ -215,8 +229,9 @@ def measure(count: int) -> dict[str, Any]:
         "object_bytes": raw // count,
         "router_table_mib": round(table_bytes / 2**20, 1),
         "router_bytes_per_session": table_bytes // count,
-        "operator_indexes_mib": round(index_bytes / 2**20, 1),
-        "operator_bytes_per_session": index_bytes // count,
+        "operator_mib": round(operator_bytes / 2**20, 1),
+        "operator_bytes_per_session": operator_bytes // count,
+        "operator_relist_peak_mib": round(operator_peak / 2**20, 1),
         "session_record_cpu_us": round(parse_us, 1),
     }
 

@@ -38,7 +38,7 @@ from sessionfleet.controllers.fleet import Fleet  # noqa: E402
 from sessionfleet.controllers.records import session_record, worker_record  # noqa: E402
 from sessionfleet.controllers.sessions import next_step  # noqa: E402
 from sessionfleet.policy.placement import PlacementRequest, WorkerLoad, place  # noqa: E402
-from sessionfleet.policy.sessions import SessionState, next_check  # noqa: E402
+from sessionfleet.policy.sessions import next_check  # noqa: E402
 
 NOW = datetime(2026, 12, 1, 12, 5, tzinfo=UTC)
 
@@ -61,19 +61,14 @@ def worker_body(index: int, max_sessions: int) -> dict[str, Any]:
 
 
 def fleet_of(sessions: int, workers: int) -> Fleet:
-    """A Fleet whose indexes hold the workers and sessions, loads counted from events."""
+    """A Fleet that holds the workers and sessions, loads counted from events."""
     fleet = Fleet(config=OperatorConfig(), kube=None, http=None)  # type: ignore[arg-type]
     records = [worker_record(worker_body(i, 2 * sessions // workers + 1)) for i in range(workers)]
     fleet.workers = {r.key: [r] for r in records}  # type: ignore[assignment]
-    by_name: dict[Any, list[SessionState]] = {}
-    by_worker: dict[Any, list[SessionState]] = {}
     for index in range(sessions):
         state = session_record(agent_session(index))
-        by_name[state.key] = [state]
-        by_worker.setdefault((state.namespace, state.worker), []).append(state)
+        fleet.sessions.put(state)
         fleet.worker_loads.update(state)
-    fleet.sessions = by_name  # type: ignore[assignment]
-    fleet.session_workers = by_worker  # type: ignore[assignment]
     return fleet
 
 

@@ -48,3 +48,7 @@ class OperatorConfig:
     metrics_port: int = 8080
     health_port: int = 8081
     images: EngineImages = field(default_factory=EngineImages)
+    stock_kopf_start: bool = False
+    """Leave kopf's index readiness as kopf has it: quadratic in the watched objects
+    (controllers/sessionfleet/controllers/kopfstart.py); for comparison, or if a kopf
+    upgrade and the fix disagree."""

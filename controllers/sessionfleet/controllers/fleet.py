@@ -1,6 +1,8 @@
 """The operator's in-memory picture of the fleet, shared by every handler.
 
-Kopf indexes hold what the watches observed. Two small overlays cover the gap
+Kopf indexes hold what its watches observed of workers, pods, nodes and the other
+kinds counted in hundreds; AgentSessions, counted in tens of thousands, come from the
+operator's own watch (:mod:`.sessionwatch`, :mod:`.sessioncache`). Two small overlays cover the gap
 between a write and the watch event that reports it back:
 
 - :class:`Freshness` remembers the resourceVersion each of our writes produced, so a
@@ -28,6 +30,7 @@ from sessionfleet.controllers.config import OperatorConfig
 from sessionfleet.controllers.faults import Faults
 from sessionfleet.controllers.loads import WorkerLoads
 from sessionfleet.controllers.records import Key, PolicyRecord, WorkerRecord, resource_version
+from sessionfleet.controllers.sessioncache import SessionCache
 from sessionfleet.controllers.work import WorkQueue
 from sessionfleet.kube import Kube
 from sessionfleet.leader import Leadership, Solo
@@ -141,8 +144,12 @@ class Fleet:
     workers: Store | None = None
     worker_pods: Store | None = None
     pdbs: Store | None = None
-    sessions: Store | None = None
-    session_workers: Store | None = None
+    sessions: SessionCache = field(default_factory=SessionCache)
+    """Every AgentSession, from the operator's own watch (:mod:`.sessionwatch`)."""
+    session_sources: int = 1
+    """How many AgentSession watches list before the fleet counts as indexed."""
+    kopf_indexed: bool = False
+    """Whether kopf has filled its indexes (it calls event handlers only then)."""
     checkpoints: Store | None = None
     router_leases: Store | None = None
     nodes: Store | None = None
@@ -207,6 +214,11 @@ class Fleet:
         """Record a decision as an Event about ``regarding`` (coalesced, in the background)."""
         if self.events is not None:
             self.events.record(regarding, notice)
+
+    def update_indexed(self) -> None:
+        """Set :attr:`indexed` once kopf's indexes and every session watch have listed."""
+        if self.kopf_indexed and len(self.sessions.listed) >= self.session_sources:
+            self.indexed.set()
 
     def forget_deleted(self) -> None:
         """Drop the deleted sessions the index no longer shows (or shows created anew)."""
@@ -278,30 +290,20 @@ class Fleet:
 
     def sessions_of(self, key: Key) -> list[SessionState]:
         """Return the sessions whose status binds them to the worker."""
-        return list(self.session_workers.get(key, ())) if self.session_workers else []
+        return self.sessions.of_worker(key)
 
     def all_sessions(self) -> list[SessionState]:
         """Return every session."""
-        if self.sessions is None:
-            return []
-        return [s for key in list(self.sessions) for s in self.sessions[key]]
+        return self.sessions.all()
 
     def session(self, namespace: str, name: str) -> SessionState | None:
         """Return one session's state."""
-        state: SessionState | None = _one(self.sessions, (namespace, name))
-        return state
+        return self.sessions.get((namespace, name))
 
     def worker_of_session_id(self, namespace: str, session_id: str) -> str | None:
         """Return the worker a session id is bound to (for a child's parent)."""
-        for state in self.all_sessions_with_id(namespace, session_id):
-            if state.pinned:
-                return state.worker
-        return None
-
-    def all_sessions_with_id(self, namespace: str, session_id: str) -> list[SessionState]:
-        """Return the sessions carrying a client session id."""
-        sessions = self.all_sessions()
-        return [s for s in sessions if s.namespace == namespace and s.session_id == session_id]
+        parent = self.sessions.pinned_with_id(namespace, session_id)
+        return parent.worker if parent is not None else None
 
     def loads(self, namespace: str) -> list[WorkerLoad]:
         """Return placement's view of the namespace's workers, unseen bindings added.

@@ -3,13 +3,13 @@
 No create/update/resume handlers, no per-object timers or daemons: those make kopf
 write diff-base and progress annotations and add finalizers, several PATCHes per
 object. Indexes hold what the watches saw; one loop (:mod:`.loop`) reconciles from
-them, and a new session is bound straight from its event for a short bind latency.
+them. AgentSessions are not kopf's: the operator watches them itself
+(:mod:`.sessionwatch`), and binds a new one straight from its event.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any
 
 import kopf
@@ -19,16 +19,14 @@ from sessionfleet.controllers import loop
 from sessionfleet.controllers.fleet import Fleet
 from sessionfleet.controllers.policies import worker_view
 from sessionfleet.controllers.records import (
-    SharedRecords,
     checkpoint_record,
     lease_record,
     policy_record,
     worker_record,
 )
-from sessionfleet.controllers.sessions import reconcile_session, worker_brief
+from sessionfleet.controllers.sessions import worker_brief
 from sessionfleet.policy.handshake import ROUTER_COMPONENT, ROUTER_COMPONENT_LABEL
 from sessionfleet.policy.observed import node_state, pod_state
-from sessionfleet.policy.sessions import SessionState, next_check
 from sessionfleet.resources.labels import EPOCH_LABEL, KOPF_PREFIX, WORKER_LABEL
 from sessionfleet.supervise import Supervisor
 
@@ -66,8 +64,6 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
     fleet.workers = kwargs["worker_index"]
     fleet.worker_pods = kwargs["pod_index"]
     fleet.pdbs = kwargs["pdb_index"]
-    fleet.sessions = kwargs["session_index"]
-    fleet.session_workers = kwargs["session_worker_index"]
     fleet.nodes = kwargs["node_index"]
     fleet.policies = kwargs["policy_index"]
     fleet.checkpoints = kwargs["checkpoint_index"]
@@ -128,25 +124,6 @@ async def pdb_index(
     return {(namespace, labels[WORKER_LABEL]): body["metadata"]["name"]}
 
 
-#: Both AgentSession indexes see each event's body: they share one parsed record.
-session_records = SharedRecords()
-
-
-@kopf.index(*SESSIONS)
-async def session_index(
-    body: kopf.Body, namespace: str | None, name: str, **_: Any
-) -> dict[Any, Any]:
-    """AgentSessions by (namespace, name)."""
-    return {(namespace, name): session_records(body)}
-
-
-@kopf.index(*SESSIONS)
-async def session_worker_index(body: kopf.Body, namespace: str | None, **_: Any) -> dict[Any, Any]:
-    """AgentSessions by (namespace, bound worker); unbound ones are not indexed."""
-    state = session_records(body)
-    return {(namespace, state.worker): state} if state.worker else {}
-
-
 @kopf.index("", "v1", "nodes")
 async def node_index(body: kopf.Body, name: str, **_: Any) -> dict[Any, Any]:
     """Nodes by name, reduced to readiness, cordon and taints."""
@@ -179,14 +156,18 @@ def router_lease_index(body: kopf.Body, **_: Any) -> dict[Any, Any]:
 
 # --- events ---------------------------------------------------------------------------
 # Kopf calls event handlers only once every index is populated from its initial
-# list, so the first call tells the loop it may trust what the indexes say. Each
+# list, so the first call tells the loop it may trust what the indexes say (once the
+# session watches have listed too: Fleet.update_indexed). Nodes exist in every cluster,
+# so a first call comes even where no worker does. Each
 # handler marks what its event touched (controllers/sessionfleet/controllers/work.py):
 # the next pass reconciles those, not the whole fleet.
 
 
 def _wake(memo: kopf.Memo) -> Fleet:
     fleet: Fleet = memo["fleet"]
-    fleet.indexed.set()
+    if not fleet.kopf_indexed:
+        fleet.kopf_indexed = True
+        fleet.update_indexed()
     fleet.wakeup.set()
     return fleet
 
@@ -256,51 +237,3 @@ async def policy_event(memo: kopf.Memo, namespace: str | None, **_: Any) -> None
     for record in fleet.all_workers():
         if record.namespace == namespace:
             fleet.work.worker(record.key)
-
-
-def _count(fleet: Fleet, key: tuple[str, str], state: SessionState | None) -> None:
-    """Count a session where it is bound now (``None``: deleted); mark what that moves.
-
-    Placement's per-worker counts and the ledger of bindings written but not yet seen
-    change in the same step, so a binding is counted once, there or here.
-    """
-    loads = fleet.worker_loads
-    now_on = (key[0], state.worker) if state is not None and state.worker else None
-    before = {w: loads.pinned.get(w, 0) for w in (loads.worker_of(key), now_on) if w}
-    if state is None:
-        fleet.ledger.settle(key)
-        loads.remove(key)
-    else:
-        fleet.ledger.observe(key, state.worker)  # the index shows this event now
-        loads.update(state)
-    due = time.monotonic() + fleet.config.status_coalesce_seconds
-    for worker, pinned in before.items():
-        fleet.work.worker_counted(worker, pinned, loads.pinned.get(worker, 0), due)
-
-
-@kopf.on.event(*SESSIONS)
-async def session_event(
-    memo: kopf.Memo,
-    event: kopf.RawEvent,
-    body: kopf.Body,
-    namespace: str | None,
-    name: str,
-    **_: Any,
-) -> None:
-    """Bind a new session at once; for any other change, mark it and its worker."""
-    fleet = _wake(memo)
-    key = (namespace or "", name)
-    if event.get("type") == "DELETED":
-        _count(fleet, key, None)
-        fleet.work.forget_session(key)
-        return
-    state = session_records(body)
-    _count(fleet, key, state)
-    if state.worker is not None:
-        fleet.work.waiting.discard(key)
-    fleet.work.session(key)
-    when = next_check(state, fleet.config.idle_timeout)
-    fleet.work.session_deadlines.schedule(key, when.timestamp() if when is not None else None)
-    new = state.worker is None and state.phase is None and not state.finished
-    if new and fleet.leadership.leading:  # a standby only keeps its indexes
-        await reconcile_session(fleet, state, loop.utcnow())

@@ -7,7 +7,6 @@ models; an object that does not parse keeps its reason for a condition.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -127,36 +126,6 @@ def session_record(body: Mapping[str, Any]) -> SessionState:
         resource_version=resource_version(body),
         uid=str(meta.get("uid", "")),
     )
-
-
-class SharedRecords:
-    """One ``session_record`` per object version, for the indexes that see the same event.
-
-    kopf calls each index and handler of a resource with the event's body in turn. The
-    AgentSession indexes (by name, by bound worker) and the event handler then parse it
-    once, and the indexes hold one record between them, not two: at 100,000 sessions
-    that halves the indexes' memory, and an event costs one parse instead of three
-    (bench/README.md, "Scale: memory"). A version is its uid and resourceVersion, which
-    change with every write; the last ``size`` are kept.
-    """
-
-    def __init__(self, size: int = 1024) -> None:
-        self._size = size
-        self._recent: OrderedDict[tuple[str, str], SessionState] = OrderedDict()
-
-    def __call__(self, body: Mapping[str, Any]) -> SessionState:
-        """Return the record of this version of the object, parsed once."""
-        meta = body.get("metadata") or {}
-        uid, version = meta.get("uid"), meta.get("resourceVersion")
-        if not uid or not version:
-            return session_record(body)
-        key = (str(uid), str(version))
-        found = self._recent.get(key)
-        if found is None:
-            found = self._recent[key] = session_record(body)
-            if len(self._recent) > self._size:
-                self._recent.popitem(last=False)
-        return found
 
 
 def _created(meta: Mapping[str, Any]) -> datetime | None:
