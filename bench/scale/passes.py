@@ -6,8 +6,10 @@ workers and ``--sessions`` sessions Bound to them (bench/scale/memory.py's objec
 and the operator's own functions timed on them, single-threaded:
 
 * **placing one session**: ``Fleet.loads`` (placement's view of every worker) and
-  ``place``; with the per-worker loads the session events keep (now), and counted from
-  the index by worker, as every placement did before (the baseline, reproduced here);
+  ``place``, then the binding counted in flight, as a bind does: with the view kept
+  between placements (now), built anew from the per-worker loads the session events
+  keep (before), and counted from the index by worker (before that: the baseline,
+  reproduced here);
 * **deciding sessions**: the pure decision (``next_step``) over every session, which
   every pass of the fleet loop made before, against a marked pass's few hundred;
 * **marking**: what a session event costs in :class:`WorkQueue` and
@@ -19,6 +21,7 @@ and the operator's own functions timed on them, single-threaded:
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import sys
@@ -114,10 +117,21 @@ def measure(sessions: int, workers: int, marked: int) -> dict[str, Any]:
     every = fleet.all_sessions()
     few = every[:marked]
     sample = every[0]
+    binds = itertools.count()
+
+    def bind_one(view_anew: bool = False) -> None:
+        # As a bind does: place, then count the binding in flight (one worker touched).
+        if view_anew:
+            fleet.placement.drop()
+        placed = place(request, fleet.loads(NAMESPACE))
+        assert placed.worker is not None
+        fleet.ledger.add((NAMESPACE, f"new-{next(binds)}"), placed.worker, 0)
+
     return {
         "sessions": sessions,
         "workers": workers,
-        "place_one_session": timed(lambda: place(request, fleet.loads(NAMESPACE)), 50),
+        "place_one_session": timed(bind_one, 50),
+        "place_one_session_view_built_anew": timed(lambda: bind_one(view_anew=True), 50),
         "place_one_session_counting_the_index": timed(
             lambda: place(request, loads_counted_from_the_index(fleet, NAMESPACE)), 10
         ),

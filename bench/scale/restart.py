@@ -96,10 +96,14 @@ async def start_once(operator: OperatorProcess, timeout: float) -> dict[str, Any
     try:
         async with httpx.AsyncClient(timeout=5) as http:
             while time.monotonic() - started < timeout and process.poll() is None:
-                figures["cpu_seconds"] = round(cpu_seconds(process.pid), 1)
-                status = proc_status(process.pid)
-                figures["rss_mib"] = round(mib(status["VmRSS"]), 1)
-                figures["peak_rss_mib"] = round(mib(status["VmHWM"]), 1)
+                try:
+                    cpu, status = cpu_seconds(process.pid), proc_status(process.pid)
+                    rss, peak = status["VmRSS"], status["VmHWM"]
+                except (OSError, KeyError):  # exited between the poll and the read
+                    continue
+                figures["cpu_seconds"] = round(cpu, 1)
+                figures["rss_mib"] = round(mib(rss), 1)
+                figures["peak_rss_mib"] = round(mib(peak), 1)
                 try:
                     if (await http.get(url)).status_code == 200:
                         figures["ready_seconds"] = round(time.monotonic() - started, 1)

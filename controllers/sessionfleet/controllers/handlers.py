@@ -181,6 +181,7 @@ async def worker_event(
     key = (namespace or "", name)
     fleet.work.worker(key)
     record = None if event.get("type") == "DELETED" else fleet.worker(*key)
+    fleet.placement.worker_seen(key, record)
     brief = worker_brief(record) if record is not None else None
     if record is None:
         fleet.work.forget_worker(key)

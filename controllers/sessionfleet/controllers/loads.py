@@ -1,19 +1,22 @@
-"""Pinned sessions and their tokens per worker, kept up to date as session events arrive.
+"""Placement's inputs, kept up to date as events arrive instead of counted per placement.
 
 Placing a session weighs every worker of its namespace by the sessions pinned to it
 and the tokens they hold. Counting them from the index for each placement cost one
 look at every live session per bind: 100,000 of them at 100,000 live. Here each
 session event moves one session's share from the worker it was on to the one it is on
-now, so a placement costs one look per worker.
+now (:class:`WorkerLoads`), and placement's view of the workers is rebuilt only where it
+changed (:class:`PlacementViews`).
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from sessionfleet.controllers.records import Key
+from sessionfleet.api import WorkerPhase
+from sessionfleet.controllers.records import Key, WorkerRecord
+from sessionfleet.policy.placement import WorkerLoad
 from sessionfleet.policy.sessions import SessionState
 
 
@@ -25,6 +28,8 @@ class WorkerLoads:
     tokens: Counter[Key] = field(default_factory=Counter)
     _share: dict[Key, tuple[Key, int]] = field(default_factory=dict)
     """Each pinned session's worker and tokens, as last counted."""
+    touched: set[Key] = field(default_factory=set)
+    """Workers whose counts changed since placement last read them (it clears this)."""
 
     def __len__(self) -> int:
         return len(self._share)
@@ -42,6 +47,7 @@ class WorkerLoads:
         self._share[session.key] = share
         self.pinned[worker] += 1
         self.tokens[worker] += tokens
+        self.touched.add(worker)
         return left if left != worker else None
 
     def worker_of(self, session: Key) -> Key | None:
@@ -57,6 +63,7 @@ class WorkerLoads:
         worker, tokens = share
         self.pinned[worker] -= 1
         self.tokens[worker] -= tokens
+        self.touched.add(worker)
         if self.pinned[worker] <= 0:
             del self.pinned[worker]
             del self.tokens[worker]
@@ -76,3 +83,86 @@ class WorkerLoads:
                 self.update(session)
         keys = before.keys() | self._share.keys()
         return sum(1 for key in keys if before.get(key) != self._share.get(key))
+
+
+def placement_identity(record: WorkerRecord) -> tuple[str, bool, int, int] | None:
+    """Return what placement reads of a worker besides its counts.
+
+    Its model, whether it is Ready and not draining, its capacity; None for an invalid
+    worker, which placement does not see.
+    """
+    worker = record.worker
+    if worker is None:
+        return None
+    spec = worker.spec
+    ready = worker.status.phase is WorkerPhase.READY and not spec.drain
+    return (spec.model, ready, spec.capacity.max_sessions, spec.capacity.kv_tokens)
+
+
+@dataclass
+class PlacementViews:
+    """Placement's view of each namespace's workers, kept between placements.
+
+    Building the view of 500 workers anew took most of a placement's time, and every
+    bind, and every pass's retry of a session waiting for room, placed one. A namespace's
+    view is built once; then only the entries of workers named in :attr:`touched`
+    (counts, bindings in flight or engine figures changed) are rebuilt, and a change of
+    what a worker is (:func:`placement_identity`; added, removed) drops the namespace's
+    view, built again at the next placement. The full pass drops them all.
+    """
+
+    touched: set[Key] = field(default_factory=set)
+    """Workers whose entries are out of date (their namespace's view, if it is built)."""
+    identities: dict[Key, tuple[str, bool, int, int] | None] = field(default_factory=dict)
+    _views: dict[str, tuple[list[WorkerLoad], dict[str, int]]] = field(default_factory=dict)
+
+    def worker_seen(self, key: Key, record: WorkerRecord | None) -> None:
+        """Note a worker's event (``None``: deleted).
+
+        Its namespace's view goes if what placement reads of the worker, other than its
+        counts, changed, or if the worker came or went.
+        """
+        if record is None:
+            changed = self.identities.pop(key, False) is not False
+        else:
+            identity = placement_identity(record)
+            changed = key not in self.identities or self.identities[key] != identity
+            self.identities[key] = identity
+        if changed:
+            self.drop(key[0])
+
+    def drop(self, namespace: str | None = None) -> None:
+        """Forget one namespace's view (every view for None)."""
+        if namespace is None:
+            self._views.clear()
+        else:
+            self._views.pop(namespace, None)
+
+    def view(
+        self,
+        namespace: str,
+        build: Callable[[], list[WorkerLoad]],
+        entry: Callable[[Key], WorkerLoad | None],
+    ) -> list[WorkerLoad]:
+        """Return the namespace's view; ``build`` makes it whole, ``entry`` one worker's.
+
+        The list is shared between placements: callers read it, never change it.
+        """
+        mine = {key for key in self.touched if key[0] == namespace}
+        self.touched -= mine
+        built = self._views.get(namespace)
+        if built is not None:
+            loads, position = built
+            for key in mine:
+                index = position.get(key[1])
+                if index is None:
+                    continue  # not a worker placement sees (invalid): nothing to update
+                fresh = entry(key)
+                if fresh is None:  # gone from the index before its event came
+                    built = None
+                    break
+                loads[index] = fresh
+        if built is None:
+            loads = build()
+            self._views[namespace] = (loads, {w.name: i for i, w in enumerate(loads)})
+        return loads

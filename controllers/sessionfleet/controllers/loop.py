@@ -144,6 +144,7 @@ def _present(lookup: Callable[[str, str], T | None], keys: Iterable[Key]) -> lis
 def _repair(fleet: Fleet, sessions: list[SessionState]) -> None:
     """Put right what the marks rely on, should an event have been missed."""
     wrong = fleet.worker_loads.rebuild(sessions)
+    fleet.placement.drop()  # built again from the records at the next placement
     if wrong:
         log.warning("full pass: %d session(s) were counted on the wrong worker", wrong)
     deadlines = fleet.work.session_deadlines
@@ -343,6 +344,8 @@ async def scrape_worker(fleet: Fleet, key: tuple[str, str], endpoint: str) -> bo
         return False
     changed = fleet.stats.get(key) != stats
     fleet.stats[key] = stats
+    if changed:
+        fleet.placement.touched.add(key)
     return changed
 
 
