@@ -33,7 +33,6 @@ from sessionfleet.supervise import Supervisor
 log = logging.getLogger(__name__)
 
 WORKERS = (GROUP, VERSION, "inferenceworkers")
-SESSIONS = (GROUP, VERSION, "agentsessions")
 POLICIES = (GROUP, VERSION, "drainpolicies")
 CHECKPOINTS = (GROUP, VERSION, "workercheckpoints")
 

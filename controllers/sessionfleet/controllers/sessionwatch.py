@@ -68,17 +68,13 @@ def sources(patterns: Iterable[str]) -> list[Source]:
     return [Source(None, lambda ns: any(match_namespace(NamespaceName(ns), p) for p in patterns))]
 
 
-def _record(obj: dict[str, object]) -> SessionState:
-    return session_record(obj)
-
-
 async def follow(fleet: Fleet, source: Source) -> None:
     """Keep ``fleet.sessions`` in step with one watch; mark and bind as events arrive.
 
     A listing (the first, or a new one after the watch expired) replaces the source's
     sessions: those gone from it are handled as deleted, every listed one as changed.
     """
-    async for event in reflect(fleet.kube, SESSIONS, source.namespace, convert=_record):
+    async for event in reflect(fleet.kube, SESSIONS, source.namespace, convert=session_record):
         if event.type == "SYNC":
             listed = {s.key: s for s in event.items if source.serves(s.namespace)}
             for key in fleet.sessions.keys_in(source.namespace) - listed.keys():
@@ -97,14 +93,14 @@ async def follow(fleet: Fleet, source: Source) -> None:
             )
             fleet.update_indexed()
         elif event.obj is not None:
-            namespace = str((event.obj.get("metadata") or {}).get("namespace", ""))
-            if not source.serves(namespace):
+            meta = event.obj.get("metadata") or {}
+            key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
+            if not source.serves(key[0]):
                 continue
-            state = session_record(event.obj)
             if event.type == "DELETED":
-                session_deleted(fleet, state.key)
+                session_deleted(fleet, key)
             else:
-                session_changed(fleet, state, bind_new=True)
+                session_changed(fleet, session_record(event.obj), bind_new=True)
         fleet.wakeup.set()
 
 
