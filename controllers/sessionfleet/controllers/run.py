@@ -334,9 +334,14 @@ async def run_operator(
     if isinstance(leadership, LeaderElector):
         supervisor.start("leader election", leadership.run())
     supervisor.start("event recorder", events.run())
+    # The session watches hold a connection each for as long as they run: a client of
+    # their own, so that many namespaces' watches never take the writes' connections.
+    watch_kube = Kube(kube_config, user_agent="sessionfleet-operator")
     for source in session_sources:
         where = source.namespace or "the cluster"
-        supervisor.start(f"AgentSession watch of {where}", sessionwatch.follow(fleet, source))
+        supervisor.start(
+            f"AgentSession watch of {where}", sessionwatch.follow(fleet, source, watch_kube)
+        )
     if not config.stock_kopf_start:
         kopfstart.install()  # before kopf makes its toggle sets: a start linear in the objects
     try:
@@ -349,6 +354,7 @@ async def run_operator(
         )
     finally:
         watchdog.cancel()
+        await watch_kube.aclose()
         await health.cleanup()
         if isinstance(leadership, LeaderElector):
             await leadership.kube.aclose()

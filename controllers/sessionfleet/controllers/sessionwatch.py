@@ -34,7 +34,7 @@ from sessionfleet.controllers import loop
 from sessionfleet.controllers.fleet import Fleet
 from sessionfleet.controllers.records import Key, session_record
 from sessionfleet.controllers.sessions import reconcile_session
-from sessionfleet.kube import SESSIONS
+from sessionfleet.kube import SESSIONS, Kube
 from sessionfleet.kube.reflector import reflect
 from sessionfleet.policy.sessions import SessionState, next_check
 
@@ -68,13 +68,15 @@ def sources(patterns: Iterable[str]) -> list[Source]:
     return [Source(None, lambda ns: any(match_namespace(NamespaceName(ns), p) for p in patterns))]
 
 
-async def follow(fleet: Fleet, source: Source) -> None:
+async def follow(fleet: Fleet, source: Source, kube: Kube | None = None) -> None:
     """Keep ``fleet.sessions`` in step with one watch; mark and bind as events arrive.
 
     A listing (the first, or a new one after the watch expired) replaces the source's
     sessions: those gone from it are handled as deleted, every listed one as changed.
+    The watch reads through ``kube`` (the fleet's own client if None).
     """
-    async for event in reflect(fleet.kube, SESSIONS, source.namespace, convert=session_record):
+    reader = kube if kube is not None else fleet.kube
+    async for event in reflect(reader, SESSIONS, source.namespace, convert=session_record):
         if event.type == "SYNC":
             listed = {s.key: s for s in event.items if source.serves(s.namespace)}
             for key in fleet.sessions.keys_in(source.namespace) - listed.keys():
