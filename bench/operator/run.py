@@ -67,6 +67,7 @@ sys.path.append(str(REPO))
 
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
+from e2e.helpers import wait_established  # noqa: E402
 from e2e.localcluster import LocalCluster, find_tools  # noqa: E402
 from e2e.operator import OperatorProcess, session, sim_worker  # noqa: E402
 from sessionfleet.kube import SESSIONS, WORKERS, Gone, Kube, KubeConfig, KubeError  # noqa: E402
@@ -476,6 +477,16 @@ class Bench:
             raise RuntimeError(f"kubectl {' '.join(args)}: {result.stderr.strip()}")
         return result.stdout
 
+    def kubectl_run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """Run kubectl against the cluster; the finished process (e2e.helpers' shape)."""
+        return subprocess.run(
+            [str(self.kubectl), f"--kubeconfig={self.kubeconfig}", *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=check,
+        )
+
     async def api_totals(self) -> Counter[RequestKey]:
         """The API server's request counters, now."""
         text = await asyncio.to_thread(self.run_kubectl, "get", "--raw", "/metrics")
@@ -516,14 +527,7 @@ def prepare_namespace(bench: Bench) -> None:
     """CRDs applied and Established; the namespace and its default ServiceAccount."""
     wait_namespaces_gone(bench, 600)
     bench.run_kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRDS_DIR))
-    bench.run_kubectl(
-        "wait",
-        "--for=condition=Established",
-        "crd",
-        "-l",
-        "app.kubernetes.io/part-of=sessionfleet",
-        "--timeout=60s",
-    )
+    wait_established(bench.kubectl_run, "-l", "app.kubernetes.io/part-of=sessionfleet")
     bench.run_kubectl("create", "namespace", bench.namespace)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:

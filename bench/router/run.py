@@ -44,6 +44,7 @@ REPO = Path(__file__).resolve().parents[2]
 # must not hide the standard library's operator module.
 sys.path.append(str(REPO))
 
+from e2e.helpers import wait_established  # noqa: E402
 from e2e.localcluster import LocalCluster, find_tools  # noqa: E402
 
 VENV_BIN = Path(sys.executable).parent
@@ -202,20 +203,24 @@ def main() -> int:
     results: list[dict[str, Any]] = []
     try:
 
-        def k(*argv: str, stdin: str | None = None) -> None:
+        def run_kubectl(
+            *argv: str, input: str | None = None, check: bool = True
+        ) -> subprocess.CompletedProcess[str]:
             if kubectl is not None:
-                kubectl(*argv, input=stdin)
-            else:
-                subprocess.run(
-                    [str(find_tools().kubectl), f"--kubeconfig={kubeconfig}", *argv],
-                    input=stdin,
-                    text=True,
-                    check=True,
-                    capture_output=True,
-                )
+                return kubectl(*argv, input=input, check=check)
+            return subprocess.run(
+                [str(find_tools().kubectl), f"--kubeconfig={kubeconfig}", *argv],
+                input=input,
+                text=True,
+                check=check,
+                capture_output=True,
+            )
+
+        def k(*argv: str, stdin: str | None = None) -> None:
+            run_kubectl(*argv, input=stdin)
 
         k("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds"))
-        k("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
+        wait_established(run_kubectl, "-l", "app.kubernetes.io/part-of=sessionfleet")
         k("create", "namespace", NAMESPACE)
 
         engine_port, router_port = free_port(), free_port()
