@@ -2,8 +2,8 @@
 
 Kopf indexes hold what its watches observed of workers, pods, nodes and the other
 kinds counted in hundreds; AgentSessions, counted in tens of thousands, come from the
-operator's own watch (:mod:`.sessionwatch`, :mod:`.sessioncache`). Two small overlays cover the gap
-between a write and the watch event that reports it back:
+operator's own watch (:mod:`.sessionwatch`, :mod:`.sessioncache`). Two small overlays
+cover the gap between a write and the watch event that reports it back:
 
 - :class:`Freshness` remembers the resourceVersion each of our writes produced, so a
   reconcile that reads an older copy of the object waits instead of writing again
@@ -24,11 +24,11 @@ from typing import Any, Protocol
 
 import httpx
 
-from sessionfleet.api import CheckpointDriver, DrainPolicySpec, WorkerPhase
+from sessionfleet.api import CheckpointDriver, DrainPolicySpec
 from sessionfleet.checkpoint import Driver
 from sessionfleet.controllers.config import OperatorConfig
 from sessionfleet.controllers.faults import Faults
-from sessionfleet.controllers.loads import PlacementViews, WorkerLoads
+from sessionfleet.controllers.loads import PlacementViews, WorkerLoads, placement_identity
 from sessionfleet.controllers.records import Key, PolicyRecord, WorkerRecord, resource_version
 from sessionfleet.controllers.sessioncache import SessionCache
 from sessionfleet.controllers.work import WorkQueue
@@ -330,18 +330,21 @@ class Fleet:
         )
 
     def _load(self, record: WorkerRecord | None, namespace: str) -> WorkerLoad | None:
-        if record is None or record.namespace != namespace or record.worker is None:
+        if record is None or record.namespace != namespace:
             return None
-        key, worker = record.key, record.worker
-        spec = worker.spec
+        identity = placement_identity(record)
+        if identity is None:
+            return None
+        model, ready, max_sessions, kv_tokens = identity
+        key = record.key
         engine = self.stats.get(key)
         return WorkerLoad(
             name=record.name,
-            model=spec.model,
-            ready=worker.status.phase is WorkerPhase.READY and not spec.drain,
+            model=model,
+            ready=ready,
             pinned_sessions=self.worker_loads.pinned.get(key, 0) + self.ledger.unseen.get(key, 0),
-            max_sessions=spec.capacity.max_sessions,
-            kv_tokens_capacity=spec.capacity.kv_tokens,
+            max_sessions=max_sessions,
+            kv_tokens_capacity=kv_tokens,
             kv_tokens_pinned=self.worker_loads.tokens.get(key, 0),
             kv_usage=(engine.kv_usage or 0.0) if engine is not None else 0.0,
         )
