@@ -33,6 +33,7 @@ OPERATOR_NAMESPACED = {
     ("sessionfleet.dev", "agentsessions/status", "patch"),
     ("sessionfleet.dev", "drainpolicies/status", "patch"),
     ("sessionfleet.dev", "agentsessions", "delete"),
+    ("sessionfleet.dev", "agentsessions", "get"),  # a failed session's conditions
     ("sessionfleet.dev", "inferenceworkers/finalizers", "update"),
     *(("", "pods", verb) for verb in ("list", "watch", "create", "delete", "patch")),
     ("policy", "poddisruptionbudgets", "list"),
