@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -136,3 +138,49 @@ def wait_established(kubectl: Kubectl, *crds: str, timeout: float = 60) -> None:
         )
 
     wait_until(established, timeout=timeout, what=f"CRDs {' '.join(crds)} Established")
+
+
+@contextmanager
+def exclusive(lock_file: Path, *, timeout: float) -> Iterator[float]:
+    """Hold an exclusive lock on ``lock_file`` (across processes); yield the seconds waited.
+
+    Raises:
+        AssertionError: when another process holds it for longer than ``timeout``.
+    """
+    started = time.monotonic()
+    with lock_file.open("a") as handle:
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() - started > timeout:
+                    raise AssertionError(
+                        f"{lock_file} held by another process for over {timeout:.0f} s"
+                    ) from None
+                time.sleep(0.5)
+        try:
+            yield time.monotonic() - started
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+VLLM_LANE_WAIT = 400.0
+"""The longest a test waits for another's real vLLM engines (one such test lasts ~150 s)."""
+
+
+@contextmanager
+def one_vllm_lane_at_a_time() -> Iterator[float]:
+    """Hold the machine's one real-vLLM lane (across xdist workers and runs); yield the wait.
+
+    A vLLM engine's start keeps a core busy for about 20 s. Two tests starting three
+    engines at once on 2 cores starved an operator of CPU past its Lease's 10 s renew
+    deadline: a leader that cannot renew exits, and the test failed (a `make test` run
+    of 2026-12-01). One test at a time starts at most two.
+    """
+    from e2e.localcluster._vllm import vllm_root
+
+    root = vllm_root()
+    root.mkdir(parents=True, exist_ok=True)
+    with exclusive(root / "e2e-lane.lock", timeout=VLLM_LANE_WAIT) as waited:
+        yield waited

@@ -8,7 +8,7 @@ backed pod on it gets a real process from the pod backer like on any other fake 
 
 Karpenter is cluster-wide: it watches every pending pod and every NodePool. Two at once
 on one cluster would both provision for the same pods, so one runs at a time
-(:func:`exclusive`, a lock file in the cluster's state directory that every
+(`e2e.helpers.exclusive`, a lock file in the cluster's state directory that every
 pytest-xdist worker sees), and each test keeps Karpenter to its own pods with a
 NodePool taint that only they tolerate (:func:`pool_placement`). Karpenter only
 disrupts Nodes it launched (``spec.providerID`` ``kwok://…``); the cluster's static
@@ -21,14 +21,11 @@ health endpoints (it has no bind-address flag), on free ports.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -90,31 +87,6 @@ GPU_INSTANCE_TYPES = (_instance_type(GPU_1X, 1, 1.0), _instance_type(GPU_4X, 4, 
 The provider's 144 built-in types have no GPUs; these replace them
 (``--instance-types-file-path``). The four-GPU machine costs four times as much, so a
 four-GPU node left running one single-GPU pod is worth replacing: consolidation."""
-
-
-@contextmanager
-def exclusive(lock_file: Path, *, timeout: float) -> Iterator[float]:
-    """Hold an exclusive lock on ``lock_file`` (across processes); yield the seconds waited.
-
-    Raises:
-        AssertionError: when another process holds it for longer than ``timeout``.
-    """
-    started = time.monotonic()
-    with lock_file.open("a") as handle:
-        while True:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() - started > timeout:
-                    raise AssertionError(
-                        f"{lock_file} held by another process for over {timeout:.0f} s"
-                    ) from None
-                time.sleep(0.5)
-        try:
-            yield time.monotonic() - started
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def install(kubectl: Kubectl, tools: Tools) -> None:

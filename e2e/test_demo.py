@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from e2e.helpers import VLLM_LANE_WAIT, one_vllm_lane_at_a_time
 from e2e.localcluster._process import ProcessRecord, start_ticks
 
 REPO = Path(__file__).resolve().parents[1]
@@ -120,21 +121,22 @@ def test_fast_demo_report_invariants(fast_run: tuple[dict[str, Any], str]) -> No
     _the_report_files_and_the_simulator_comparison(fast_run)
 
 
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(400 + VLLM_LANE_WAIT)
 def test_the_fast_demo_with_two_workers_on_real_vllm(tmp_path: Path) -> None:
     # DEMO_ENGINE=vllm: w-0 (drained) and w-1 (killed) run the real vLLM, without
     # checkpoints; the other three the simulated engine.
     state, out = tmp_path / "state", tmp_path / "out"
     try:
-        result = demo(
-            "up",
-            "--fast",
-            "--engine=vllm",
-            f"--state-dir={state}",
-            f"--out-dir={out}",
-            "--down-after",
-            timeout=360,
-        )
+        with one_vllm_lane_at_a_time():
+            result = demo(
+                "up",
+                "--fast",
+                "--engine=vllm",
+                f"--state-dir={state}",
+                f"--out-dir={out}",
+                "--down-after",
+                timeout=360,
+            )
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
         report = json.loads((out / "report.json").read_text())
     finally:

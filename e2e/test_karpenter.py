@@ -34,7 +34,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from e2e.helpers import Kubectl, wait_until
+from e2e.helpers import Kubectl, exclusive, wait_until
 from e2e.karpenter import (
     DISRUPTED_TAINT,
     GPU_1X,
@@ -48,7 +48,6 @@ from e2e.karpenter import (
     clear_namespace,
     delete_pool,
     disrupted,
-    exclusive,
     filler_pod,
     install,
     node_exists,

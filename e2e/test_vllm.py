@@ -19,13 +19,14 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from e2e.helpers import Kubectl
+from e2e.helpers import Kubectl, one_vllm_lane_at_a_time
 from e2e.localcluster import BACKED_LABEL, container_id_pid, gpu_pod_tolerations
 from e2e.localcluster._podspec import PodSpecError
 from e2e.localcluster._vllm import (
@@ -89,13 +90,20 @@ def operator(steady_operator: OperatorProcess) -> OperatorProcess:
 
 
 @pytest.fixture(scope="module")
-def vllm_install() -> VllmInstall:
+def installed_vllm() -> VllmInstall:
     """The cached vLLM; its absence fails the lane, saying how to install it."""
     install = VllmInstall(vllm_root())
     missing = install.missing()
     if missing is not None:
         pytest.fail(f"the real-vLLM lane cannot run: {missing}")
     return install
+
+
+@pytest.fixture
+def vllm_install(installed_vllm: VllmInstall) -> Iterator[VllmInstall]:
+    """The cached vLLM, this test alone running real engines while it runs."""
+    with one_vllm_lane_at_a_time():
+        yield installed_vllm
 
 
 def turn(
