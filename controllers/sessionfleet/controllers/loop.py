@@ -269,6 +269,12 @@ async def run(fleet: Fleet) -> None:
                 await reconcile_once(fleet, now, fleet.work.take(now.timestamp(), time.monotonic()))
             except Exception:  # the loop must outlive any one bad step
                 log.exception("fleet loop iteration failed")
+            if fleet.loop_pass_at is None:  # what a new leader started from, for its log
+                log.info(
+                    "first pass done: %d worker(s), %d session(s)",
+                    len(fleet.all_workers()),
+                    len(fleet.sessions),
+                )
             fleet.loop_pass_at = time.monotonic()
             metrics.LAST_PASS.set(time.time())
         try:

@@ -266,6 +266,12 @@ async def migrate_sessions(
             movable.append((session, step.target, step.message))
     if not movable:
         return
+    log.info(
+        "moving %d session(s) off worker %s/%s: %s",
+        len(movable),
+        *source.key,
+        ", ".join(f"{session.name} to {target}" for session, target, _ in movable),
+    )
     fleet.busy_sessions.update(session.key for session, _, _ in movable)
     move = _move(fleet, source, worker, movable, through_checkpoint, now)
     if through_checkpoint:
