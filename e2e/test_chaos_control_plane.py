@@ -64,6 +64,15 @@ def scene_of(
     api.close()
 
 
+def _recovers_and_completes_the_drain(scene: Scene, started_at: str, fault: str) -> None:
+    """A leader acts again, every promise held through the fault, the drain completes."""
+    scene.leader()
+    recovery = scene.recovered()
+    figures = scene.verdict(expect_worker="src", recovery_seconds=recovery)
+    assert figures["samplesUnreachable"] > 0, f"the {fault} was not seen"
+    scene.drain_completes(started_at)
+
+
 def test_the_api_server_killed_and_restarted_mid_drain(
     private_cluster: LocalCluster, scene_of: Any
 ) -> None:
@@ -73,11 +82,7 @@ def test_the_api_server_killed_and_restarted_mid_drain(
     time.sleep(3)
     private_cluster.restart("kube-apiserver")
     scene.fault_ended = time.monotonic()
-    scene.leader()
-    recovery = scene.recovered()
-    figures = scene.verdict(expect_worker="src", recovery_seconds=recovery)
-    assert figures["samplesUnreachable"] > 0, "the outage was not seen"
-    scene.drain_completes(started_at)
+    _recovers_and_completes_the_drain(scene, started_at, "outage")
 
 
 def test_etcd_paused_for_ten_seconds_mid_drain(
@@ -88,11 +93,7 @@ def test_etcd_paused_for_ten_seconds_mid_drain(
     with private_cluster.paused("etcd", seconds=10):
         time.sleep(10)
     scene.fault_ended = time.monotonic()
-    scene.leader()
-    recovery = scene.recovered()
-    figures = scene.verdict(expect_worker="src", recovery_seconds=recovery)
-    assert figures["samplesUnreachable"] > 0, "the pause was not seen"
-    scene.drain_completes(started_at)
+    _recovers_and_completes_the_drain(scene, started_at, "pause")
 
 
 def test_watches_expiring_after_etcd_is_compacted_mid_drain(
@@ -118,3 +119,27 @@ def test_watches_expiring_after_etcd_is_compacted_mid_drain(
     )
     scene.verdict(expect_worker="src", recovery_seconds=recovery)
     scene.drain_completes(started_at)
+
+
+def test_operators_started_while_the_api_server_is_down_watch_everything_once_it_is_back(
+    private_cluster: LocalCluster, scene_of: Any
+) -> None:
+    """Kopf looks for the kinds it serves once, when it starts: an operator that starts
+    into a down or starting API server waits until discovery lists every kind it
+    watches, rather than watching no InferenceWorkers for the rest of its life."""
+    scene: Scene = scene_of("started-in-outage")
+    started_at = scene.draining()
+    private_cluster.kill("kube-apiserver")
+    for operator in scene.operators:
+        operator.kill()  # both replicas crash while the API server is away
+        operator.start()
+    scene.wait(
+        lambda: all("waiting for the API server" in o.log_tail(20) for o in scene.operators),
+        timeout=30,
+        what="both replicas waiting for the API server",
+    )
+    private_cluster.restart("kube-apiserver")
+    scene.fault_ended = time.monotonic()
+    _recovers_and_completes_the_drain(scene, started_at, "outage")
+    for operator in scene.operators:
+        assert "serves every kind the operator watches" in operator.log_path.read_text()

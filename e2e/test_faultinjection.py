@@ -57,13 +57,22 @@ def core(private_cluster: LocalCluster) -> Iterator[Any]:
 
 
 def _namespace(core: Any, prefix: str) -> str:
-    """A new namespace with its ``default`` ServiceAccount (pods need it)."""
+    """A new namespace, once the controllers made what they make in every namespace.
+
+    Its ``default`` ServiceAccount (pods need it) and the ``kube-root-ca.crt``
+    ConfigMap, which would otherwise land among a test's own ConfigMaps' events.
+    """
     name = f"fi-{prefix}-{secrets.token_hex(3)}"
     core.create_namespace({"metadata": {"name": name}})
     wait_until(  # a 404 is retried until the service-account controller made it
         lambda: core.read_namespaced_service_account("default", name),
         timeout=30,
         what=f"ServiceAccount {name}/default",
+    )
+    wait_until(
+        lambda: core.read_namespaced_config_map("kube-root-ca.crt", name),
+        timeout=30,
+        what=f"ConfigMap {name}/kube-root-ca.crt",
     )
     return name
 

@@ -24,6 +24,7 @@ from sessionfleet.controllers.records import (
     policy_record,
     worker_record,
 )
+from sessionfleet.controllers.served import RetryForever
 from sessionfleet.controllers.sessions import worker_brief
 from sessionfleet.policy.handshake import ROUTER_COMPONENT, ROUTER_COMPONENT_LABEL
 from sessionfleet.policy.observed import node_state, pod_state
@@ -59,7 +60,9 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
     # limit / 5 s objects per second and queues the rest (docs/design.md: the limit goes above
     # the indexed count). Session writes are bounded by Fleet.writes instead.
     settings.queueing.worker_limit = None
-    settings.networking.error_backoffs = [1, 2, 5, 10, 30]
+    # Endless, as client-go's reflectors: kopf gives a request's last error to its
+    # caller, and for a watch that ends the watcher for good (controllers/served.py).
+    settings.networking.error_backoffs = RetryForever((1, 2, 5, 10), then=30)
     fleet.workers = kwargs["worker_index"]
     fleet.worker_pods = kwargs["pod_index"]
     fleet.pdbs = kwargs["pdb_index"]

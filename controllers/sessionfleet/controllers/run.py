@@ -259,6 +259,7 @@ async def run_operator(
     the node agents' token, since the agent acts on other pods' processes.
     """
     import kopf
+    from kopf._cogs.structs.references import Insights
     from prometheus_client import start_http_server
 
     from sessionfleet.api import CheckpointDriver
@@ -270,13 +271,14 @@ async def run_operator(
         handlers,  # noqa: F401 - registers the handlers
         kopfstart,
         metrics,
+        served,
         sessionwatch,
     )
     from sessionfleet.controllers.events import EventRecorder
     from sessionfleet.controllers.fleet import Fleet
     from sessionfleet.controllers.health import serve_health
     from sessionfleet.controllers.work import WorkQueue
-    from sessionfleet.kube import Kube, KubeConfig
+    from sessionfleet.kube import SESSIONS, Kube, KubeConfig
     from sessionfleet.leader import LeaderElector, Leadership, Solo
     from sessionfleet.policy.events import Coalescer
 
@@ -331,6 +333,15 @@ async def run_operator(
     stop = asyncio.Event()
     watchdog = asyncio.create_task(_stop_on_failure(supervisor, stop))
     health = await serve_health(fleet, supervisor, config.health_port)
+    # Neither lead nor let kopf scan the API before it serves every kind watched
+    # (controllers/sessionfleet/controllers/served.py: kopf would never look again).
+    kinds = served.watched_kinds(kopf.get_default_registry())
+    sessions = served.WatchedKind(SESSIONS.group, SESSIONS.version, SESSIONS.plural)
+    await served.wait_until_served(kube, kinds | {sessions})
+    insights = Insights()
+    supervisor.start(
+        "kopf's scan of the API", served.check_kopf_scan(insights, kinds, kube), forever=False
+    )
     if isinstance(leadership, LeaderElector):
         supervisor.start("leader election", leadership.run())
     supervisor.start("event recorder", events.run())
@@ -351,6 +362,7 @@ async def run_operator(
             standalone=True,
             memo=kopf.Memo(fleet=fleet, supervisor=supervisor),
             stop_flag=stop,
+            insights=insights,
         )
     finally:
         watchdog.cancel()
