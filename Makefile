@@ -126,10 +126,24 @@ BENCH_SCALE_ARGS ?=
 bench-scale-memory: $(STAMP)
 	$(PY) bench/scale/memory.py --out build/bench-scale-memory.json $(BENCH_SCALE_ARGS)
 
+# The operator's own CPU per bind, in process (no cluster, no TLS): a bind's path with
+# every request answered in process, and a profile of it (bench/README.md, "Scale: CPU
+# per bind"). BENCH_BIND_ARGS="--workers 500 --binds 5000".
+.PHONY: bench-bind-cpu
+BENCH_BIND_ARGS ?=
+bench-bind-cpu: $(STAMP)
+	$(PY) bench/scale/bindcpu.py --out build/bench-bind-cpu.json $(BENCH_BIND_ARGS)
+
+# py-spy, for the benchmarks' --profile (bench/profiler.py); not needed by the tests.
+.PHONY: profile-tools
+profile-tools: $(STAMP)
+	$(PY) -m pip install --quiet 'py-spy>=0.4'
+
 # The whole fleet at scale (bench/README.md, "Scale"): 125 KWOK nodes x 4 GPUs, 500
 # workers, 100,000 live sessions, then churn at 200/s with 10 drains and 5 failures,
 # against a local cluster it starts and stops (~40 minutes on 2 cores). A smaller run:
 #   BENCH_SCALE_RUN_ARGS="--nodes 10 --workers 40 --live 5000 --churn-seconds 30"
+# and where the operator's CPU goes in each phase: --profile (after make profile-tools).
 .PHONY: bench-scale
 BENCH_SCALE_RUN_ARGS ?=
 bench-scale: e2e-tools $(STAMP)

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import random
 import subprocess
@@ -81,6 +82,7 @@ from bench.operator.run import (  # noqa: E402
     watch_sessions,
     write_rows,
 )
+from bench.profiler import Recording  # noqa: E402
 from e2e.helpers import wait_established  # noqa: E402
 from e2e.localcluster import LocalCluster, gpu_pod_tolerations  # noqa: E402
 from e2e.operator import (  # noqa: E402
@@ -517,11 +519,13 @@ async def measure(fleet: Fleet, args: argparse.Namespace) -> dict[str, Any]:
         small = new_sessions("a", args.small)
         clocks.append(fleet.phase())
         log(f"small: {len(small)} sessions at {args.small_rate}/s")
-        await create_sessions(
-            fleet.clients, NAMESPACE, small, args.small_rate, 64, tracker, body_of
-        )
-        await wait_for("bound", lambda: tracker.count(small, tracker.bound), len(small), 300)
+        with profiled(fleet, args, "small") as profile:
+            await create_sessions(
+                fleet.clients, NAMESPACE, small, args.small_rate, 64, tracker, body_of
+            )
+            await wait_for("bound", lambda: tracker.count(small, tracker.bound), len(small), 300)
         results["small"] = bind_figures(fleet, small, clocks[-1], args.small_rate)
+        results["small"].update(profile_of(profile))
         log(f"  {results['small']['bind_ms']}")
         save_partial(args, results)
 
@@ -537,17 +541,19 @@ async def measure(fleet: Fleet, args: argparse.Namespace) -> dict[str, Any]:
             memory["operator_rss_mib_at_10k"] = fleet.rss_mib(fleet.operator_pid)
 
         probe = asyncio.create_task(at_ten_thousand())
-        pace = await create_sessions(
-            fleet.clients, NAMESPACE, fill, args.fill_rate, args.max_in_flight, tracker, body_of
-        )
-        await wait_for(
-            "bound", lambda: tracker.count(fill, tracker.bound), len(fill), 1800, every=30
-        )
+        with profiled(fleet, args, "fill") as profile:
+            pace = await create_sessions(
+                fleet.clients, NAMESPACE, fill, args.fill_rate, args.max_in_flight, tracker, body_of
+            )
+            await wait_for(
+                "bound", lambda: tracker.count(fill, tracker.bound), len(fill), 1800, every=30
+            )
         probe.cancel()  # a run of fewer than 10,000 sessions has no such figure
         results["fill"] = {
             **bind_figures(fleet, fill, clocks[-1], args.fill_rate),
             "rate_achieved": round(pace.rate, 1),
             "start_lag_p99_s": round(pace.p99_lag, 3),
+            **profile_of(profile),
         }
         await asyncio.sleep(10)
         results["at_live"] = {
@@ -575,18 +581,19 @@ async def measure(fleet: Fleet, args: argparse.Namespace) -> dict[str, Any]:
         turn_task = asyncio.create_task(turns(fleet, lambda: bound_live, args.turn_rate, stop))
         faults = asyncio.create_task(drain_and_fail(fleet, args))
         log(f"churn: {count} finished and {count} new at {args.churn_rate}/s, turns, faults")
-        create_pace, _ = await asyncio.gather(
-            create_sessions(
-                fleet.clients,
-                NAMESPACE,
-                arriving,
-                args.churn_rate,
-                args.max_in_flight,
-                tracker,
-                body_of,
-            ),
-            finish_sessions(fleet.clients[-1], NAMESPACE, finishing, args.churn_rate, tracker),
-        )
+        with profiled(fleet, args, "churn") as profile:
+            create_pace, _ = await asyncio.gather(
+                create_sessions(
+                    fleet.clients,
+                    NAMESPACE,
+                    arriving,
+                    args.churn_rate,
+                    args.max_in_flight,
+                    tracker,
+                    body_of,
+                ),
+                finish_sessions(fleet.clients[-1], NAMESPACE, finishing, args.churn_rate, tracker),
+            )
         seconds = time.monotonic() - started
         await wait_for("bound", lambda: tracker.count(arriving, tracker.bound), count, 600)
         stop.set()
@@ -611,6 +618,7 @@ async def measure(fleet: Fleet, args: argparse.Namespace) -> dict[str, Any]:
             **fault_figures,
             "router_rss_mib": fleet.router_rss(),
             "operator_rss_mib": fleet.rss_mib(fleet.operator_pid),
+            **profile_of(profile),
         }
         log(f"  churn: {results['churn']['bind_ms']}")
         save_partial(args, results)
@@ -630,6 +638,25 @@ async def measure(fleet: Fleet, args: argparse.Namespace) -> dict[str, Any]:
         for task in background:
             task.cancel()
     return {**results, **tracker.errors()}
+
+
+def profiled(
+    fleet: Fleet, args: argparse.Namespace, phase: str
+) -> contextlib.AbstractContextManager[Recording | None]:
+    """With ``--profile``, py-spy on the operator for the phase (bench/profiler.py)."""
+    if not args.profile:
+        return contextlib.nullcontext()
+    where = args.out.parent if args.out is not None else Path("build")
+    return Recording(fleet.operator_pid, where / f"bench-scale-profile-{phase}.txt")
+
+
+def profile_of(recording: Recording | None, top: int = 15) -> dict[str, Any]:
+    """The phase's profile summary for the figures (nothing without ``--profile``)."""
+    if recording is None:
+        return {}
+    summary = recording.summary
+    shown = {k: v[:top] if isinstance(v, list) else v for k, v in summary.items()}
+    return {"operator_profile": shown}
 
 
 def save_partial(args: argparse.Namespace, results: dict[str, Any]) -> None:
@@ -661,6 +688,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--scrape-interval", type=float, default=15.0)
     parser.add_argument("--settle", type=float, default=30.0, help="idle seconds before phase 1")
     parser.add_argument("--out", type=Path, help="write the figures as JSON here")
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="py-spy the operator in each phase (make profile-tools); raw stacks beside --out",
+    )
     args = parser.parse_args(argv)
     if args.workers > args.nodes * args.gpus_per_node:
         parser.error("--workers must fit on --nodes x --gpus-per-node GPUs")

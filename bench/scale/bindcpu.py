@@ -1,0 +1,161 @@
+"""The operator's own CPU per bind, in process, and where it goes.
+
+No cluster, so nothing else on the machine's two cores is counted: the operator's
+AgentSession path run as it runs in the process, with every request answered by an
+in-process transport (httpx's ``MockTransport``) instead of the API server:
+
+1. a new session's ADDED event, parsed from its JSON line, goes through
+   ``sessionwatch.session_changed`` (records, counts, marks, the bind task);
+2. the bind: placement over ``--workers`` Ready workers, the status PATCH through the
+   operator's real API client (httpx, its JSON both ways), answered with the object;
+3. that answer comes back as the MODIFIED event, parsed and handled the same way;
+4. every ``--pass-every`` binds, a marked pass of the fleet loop over the marked
+   sessions (as the loop runs ~every 50 ms during a burst).
+
+What it leaves out, and why: TLS and the socket (the transport is in process), kopf's
+events for workers (a worker's counters are written at most once per 5 s, so at
+most ``workers / 5`` writes a second however fast sessions bind), and engine scrapes.
+It reports CPU seconds per bind (``time.process_time``) and a profile of the run.
+
+    .venv/bin/python bench/scale/bindcpu.py [--binds 5000] [--workers 500] [--live 10000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import io
+import json
+import pstats
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.append(str(REPO))
+
+from bench.scale.memory import NAMESPACE, agent_session  # noqa: E402
+from bench.scale.passes import fleet_of  # noqa: E402
+from sessionfleet.controllers import loop  # noqa: E402
+from sessionfleet.controllers.records import session_record  # noqa: E402
+from sessionfleet.controllers.sessionwatch import session_changed  # noqa: E402
+from sessionfleet.controllers.work import Batch  # noqa: E402
+from sessionfleet.kube import Kube, KubeConfig  # noqa: E402
+
+
+def new_session(index: int) -> dict[str, Any]:
+    """A session as the router creates it: no status, no hint."""
+    body = agent_session(index)
+    body.pop("status", None)
+    body["spec"].pop("workerHint", None)
+    body["metadata"]["name"] = f"new-{index:06d}"
+    body["metadata"]["resourceVersion"] = str(1_000_000 + 2 * index)
+    body["metadata"]["creationTimestamp"] = loop.utcnow().strftime("%Y-%m-%dT%H:%M:%SZ")
+    return body
+
+
+class ApiServer:
+    """Answers a status PATCH with the object as the API server would: merged, next version."""
+
+    def __init__(self) -> None:
+        self.objects: dict[str, dict[str, Any]] = {}
+        self.version = 10_000_000
+        self.requests = 0
+
+    def answer(self, request: httpx.Request) -> httpx.Response:
+        self.requests += 1
+        if request.method != "PATCH" or "/agentsessions/" not in request.url.path:
+            return httpx.Response(200, json={})
+        name = request.url.path.split("/agentsessions/")[1].split("/")[0]
+        patch = json.loads(request.content)
+        obj = self.objects[name]
+        obj["status"] = {**(obj.get("status") or {}), **patch.get("status", {})}
+        self.version += 1
+        obj["metadata"]["resourceVersion"] = str(self.version)
+        return httpx.Response(200, content=json.dumps(obj).encode())
+
+
+async def run(binds: int, workers: int, live: int, pass_every: int) -> dict[str, Any]:
+    """Bind ``binds`` sessions into a fleet of ``live``; return CPU per bind and counts."""
+    fleet = fleet_of(live, workers)
+    server = ApiServer()
+    kube = Kube(KubeConfig(server="https://api.invalid"))
+    await kube._http.aclose()
+    kube._http = httpx.AsyncClient(
+        base_url="https://api.invalid",
+        transport=httpx.MockTransport(server.answer),
+        headers={"User-Agent": "sessionfleet-operator", "Accept": "application/json"},
+    )
+    fleet.kube = kube
+    fleet.kopf_indexed = True
+    fleet.sessions.listed.add(NAMESPACE)
+    fleet.update_indexed()
+    fleet.work.take(time.time(), time.monotonic())  # the first full pass: not measured
+
+    bound = 0
+    cpu_started = time.process_time()
+    wall_started = time.perf_counter()
+    for index in range(binds):
+        body = new_session(index)
+        server.objects[body["metadata"]["name"]] = body
+        line = json.dumps({"type": "ADDED", "object": body})
+        event = json.loads(line)  # what the watch's line costs to read
+        session_changed(fleet, session_record(event["object"]), bind_new=True)
+        while fleet.tasks:
+            await asyncio.gather(*list(fleet.tasks))
+        answered = server.objects[body["metadata"]["name"]]
+        event = json.loads(json.dumps({"type": "MODIFIED", "object": answered}))
+        state = session_record(event["object"])
+        bound += state.worker is not None
+        session_changed(fleet, state, bind_new=True)
+        if (index + 1) % pass_every == 0:
+            marked = fleet.work.take(time.time(), time.monotonic())
+            # Sessions only: a worker's pass would create its pods here (none are indexed).
+            await loop.reconcile_once(
+                fleet, loop.utcnow(), Batch(full=False, sessions=marked.sessions, policies=False)
+            )
+    cpu = time.process_time() - cpu_started
+    wall = time.perf_counter() - wall_started
+    await kube.aclose()
+    return {
+        "binds": binds,
+        "bound": bound,
+        "workers": workers,
+        "live_before": live,
+        "requests": server.requests,
+        "cpu_ms_per_bind": round(1000 * cpu / binds, 3),
+        "wall_ms_per_bind": round(1000 * wall / binds, 3),
+    }
+
+
+def main() -> int:
+    """Measure, then profile the same run; print both."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--binds", type=int, default=5000)
+    parser.add_argument("--workers", type=int, default=500)
+    parser.add_argument("--live", type=int, default=10000)
+    parser.add_argument("--pass-every", type=int, default=10)
+    parser.add_argument("--profile-lines", type=int, default=30)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    figures = asyncio.run(run(args.binds, args.workers, args.live, args.pass_every))
+    print(json.dumps(figures, indent=2))
+    profiler = cProfile.Profile()
+    profiler.enable()
+    asyncio.run(run(args.binds, args.workers, args.live, args.pass_every))
+    profiler.disable()
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(args.profile_lines)
+    print(text.getvalue())
+    if args.out is not None:
+        args.out.write_text(json.dumps(figures, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
