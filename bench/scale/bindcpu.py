@@ -15,7 +15,8 @@ in-process transport (httpx's ``MockTransport``) instead of the API server:
 What it leaves out, and why: TLS and the socket (the transport is in process), kopf's
 events for workers (a worker's counters are written at most once per 5 s, so at
 most ``workers / 5`` writes a second however fast sessions bind), and engine scrapes.
-It reports CPU seconds per bind (``time.process_time``) and a profile of the run.
+It reports CPU seconds per bind (``time.process_time``), the best of ``--repeat``
+runs (the work, least disturbed by whatever else the machine runs), and a profile.
 
     .venv/bin/python bench/scale/bindcpu.py [--binds 5000] [--workers 500] [--live 10000]
 """
@@ -140,10 +141,20 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=500)
     parser.add_argument("--live", type=int, default=10000)
     parser.add_argument("--pass-every", type=int, default=10)
+    parser.add_argument("--repeat", type=int, default=3, help="runs; the best is reported")
     parser.add_argument("--profile-lines", type=int, default=30)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    figures = asyncio.run(run(args.binds, args.workers, args.live, args.pass_every))
+    runs = [
+        asyncio.run(run(args.binds, args.workers, args.live, args.pass_every))
+        for _ in range(args.repeat)
+    ]
+    per_bind = sorted(r["cpu_ms_per_bind"] for r in runs)
+    figures = {
+        **runs[0],
+        "cpu_ms_per_bind": per_bind[0],  # the best run: the work, least disturbed
+        "cpu_ms_per_bind_runs": per_bind,
+    }
     print(json.dumps(figures, indent=2))
     profiler = cProfile.Profile()
     profiler.enable()
