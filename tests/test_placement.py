@@ -100,3 +100,13 @@ def test_repeated_placement_balances_sessions() -> None:
             workers[chosen], pinned_sessions=workers[chosen].pinned_sessions + 1
         )
     assert {x.pinned_sessions for x in workers.values()} == {10}
+
+
+def test_a_workers_load_is_its_most_constrained_resource_and_follows_a_replace() -> None:
+    assert w("a", 5).load == 0.5
+    assert w("a", 1, kv_usage=0.7).load == 0.7
+    assert w("a", 1, kv_tokens_capacity=100, kv_tokens_pinned=90).load == 0.9
+    assert w("a", 0, cap=0).load == 1.0  # no capacity: full
+    moved = replace(w("a", 5), pinned_sessions=8)
+    assert moved.load == 0.8  # worked out again, not copied
+    assert moved == w("a", 8) and "load" not in repr(moved)

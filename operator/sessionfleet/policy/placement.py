@@ -20,7 +20,8 @@ Load, not stickiness alone: hard stickiness without a load gate raised mean TTFT
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from operator import attrgetter
 
 from sessionfleet.api import Reason
 
@@ -42,15 +43,19 @@ class WorkerLoad:
     kv_tokens_capacity: int = 0
     kv_tokens_pinned: int = 0
     kv_usage: float = 0.0
+    load: float = field(init=False, repr=False, compare=False)
+    """The worker's load, 0 (idle) to 1 (full) or beyond: the most constrained resource.
 
-    @property
-    def load(self) -> float:
-        """The worker's load, 0 (idle) to 1 (full) or beyond: the most constrained resource."""
+    Worked out once, when the load is made: a placement ranks every worker by it, and
+    the operator keeps its view of the workers between placements.
+    """
+
+    def __post_init__(self) -> None:
         session_load = self.pinned_sessions / self.max_sessions if self.max_sessions else 1.0
         kv_load = self.kv_usage
         if self.kv_tokens_capacity:
             kv_load = max(kv_load, self.kv_tokens_pinned / self.kv_tokens_capacity)
-        return max(session_load, kv_load)
+        object.__setattr__(self, "load", max(session_load, kv_load))  # frozen: set once
 
     def has_room(self, tokens: int = 0) -> bool:
         """Whether one more session (with ``tokens`` of prefix) fits."""
@@ -88,6 +93,11 @@ class Placement:
         return self.worker is not None
 
 
+_RANK = attrgetter("load", "pinned_sessions", "name")
+"""Least loaded first; ties break on fewer pinned sessions, then on the name, so that
+every router replica and the operator make the same choice from the same observations."""
+
+
 def place(request: PlacementRequest, workers: Iterable[WorkerLoad]) -> Placement:
     """Choose the worker for a new session, or say why there is none."""
     candidates = {
@@ -121,7 +131,5 @@ def place(request: PlacementRequest, workers: Iterable[WorkerLoad]) -> Placement
             Reason.NO_CAPACITY,
             f"all {len(candidates)} Ready {request.model} workers are at capacity",
         )
-    # Ties break on fewer pinned sessions, then on the name, so that every router
-    # replica and the operator make the same choice from the same observations.
-    best = min(with_room, key=lambda w: (w.load, w.pinned_sessions, w.name))
+    best = min(with_room, key=_RANK)
     return Placement(best.name, Reason.BOUND, f"placed on the least-loaded worker {best.name}")
