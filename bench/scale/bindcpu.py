@@ -85,12 +85,10 @@ async def run(binds: int, workers: int, live: int, pass_every: int) -> dict[str,
     """Bind ``binds`` sessions into a fleet of ``live``; return CPU per bind and counts."""
     fleet = fleet_of(live, workers)
     server = ApiServer()
-    kube = Kube(KubeConfig(server="https://api.invalid"))
-    await kube._http.aclose()
-    kube._http = httpx.AsyncClient(
-        base_url="https://api.invalid",
+    kube = Kube(
+        KubeConfig(server="https://api.invalid"),
+        user_agent="sessionfleet-operator",
         transport=httpx.MockTransport(server.answer),
-        headers={"User-Agent": "sessionfleet-operator", "Accept": "application/json"},
     )
     fleet.kube = kube
     fleet.kopf_indexed = True

@@ -1,0 +1,145 @@
+"""The API client's requests over a real socket: what the server receives and what comes back.
+
+Requests go straight to the connection pool (not through an httpx client), so the URL,
+query, headers and decoding the client used to do are the client's own: checked here
+against an aiohttp server, and against the real API server throughout e2e/.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from sessionfleet.kube import PODS, SESSIONS, ApiUnavailable, Conflict, NotFound, NotLeading
+from sessionfleet.kube.client import Kube
+from sessionfleet.kube.config import KubeConfig
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[tuple[TestServer, list[dict[str, Any]]]]:
+    """Record every request; answer a status PATCH (gzip), a pod list, a 409 and a 404."""
+    seen: list[dict[str, Any]] = []
+
+    async def record(request: web.Request) -> dict[str, Any]:
+        entry = {
+            "method": request.method,
+            "path": request.path,
+            "query": dict(request.query),
+            "headers": dict(request.headers),
+            "body": await request.read(),
+        }
+        seen.append(entry)
+        return entry
+
+    async def patch_status(request: web.Request) -> web.Response:
+        entry = await record(request)
+        patch = json.loads(entry["body"])
+        if patch["metadata"]["resourceVersion"] != "7":
+            return web.json_response(
+                {"kind": "Status", "code": 409, "reason": "Conflict", "message": "changed"},
+                status=409,
+            )
+        answer = {"metadata": {"name": "s1", "resourceVersion": "8"}, "status": patch["status"]}
+        response = web.json_response(answer)
+        response.enable_compression(web.ContentCoding.gzip)
+        return response
+
+    async def list_pods(request: web.Request) -> web.Response:
+        await record(request)
+        return web.json_response({"items": [], "metadata": {"resourceVersion": "5"}})
+
+    async def missing(request: web.Request) -> web.Response:
+        await record(request)
+        return web.json_response(
+            {"kind": "Status", "code": 404, "reason": "NotFound", "message": "no such pod"},
+            status=404,
+        )
+
+    app = web.Application()
+    app.router.add_patch(SESSIONS.path("ns", "s1") + "/status", patch_status)
+    app.router.add_get(PODS.path("ns"), list_pods)
+    app.router.add_get(PODS.path("ns", "gone"), missing)
+    test_server = TestServer(app, host="127.0.0.1")
+    await test_server.start_server()
+    yield test_server, seen
+    await test_server.close()
+
+
+def client(server: TestServer, **kw: Any) -> Kube:
+    config = KubeConfig(server=str(server.make_url("")).rstrip("/") + "/", token="t0k3n")
+    return Kube(config, user_agent="sessionfleet-test", **kw)
+
+
+async def test_a_status_patch_arrives_whole_and_its_gzipped_answer_is_read(
+    server: tuple[TestServer, list[dict[str, Any]]],
+) -> None:
+    test_server, seen = server
+    async with client(test_server) as kube:
+        answer = await kube.patch(
+            SESSIONS, "s1", {"status": {"phase": "Bound"}}, "ns", status=True, resource_version=7
+        )
+    assert answer == {
+        "metadata": {"name": "s1", "resourceVersion": "8"},
+        "status": {"phase": "Bound"},
+    }
+    sent = seen[0]
+    assert sent["method"] == "PATCH"
+    assert sent["path"] == "/apis/sessionfleet.dev/v1alpha1/namespaces/ns/agentsessions/s1/status"
+    assert sent["query"] == {"fieldManager": "sessionfleet"}
+    headers = sent["headers"]
+    assert headers["Content-Type"] == "application/merge-patch+json"
+    assert headers["Authorization"] == "Bearer t0k3n"
+    assert headers["User-Agent"] == "sessionfleet-test"
+    assert headers["Accept"] == "application/json" and "gzip" in headers["Accept-Encoding"]
+    assert headers["Host"] == f"127.0.0.1:{test_server.port}"
+    assert json.loads(sent["body"]) == {
+        "status": {"phase": "Bound"},
+        "metadata": {"resourceVersion": "7"},
+    }
+
+
+async def test_selectors_and_continue_tokens_reach_the_server_as_written(
+    server: tuple[TestServer, list[dict[str, Any]]],
+) -> None:
+    test_server, seen = server
+    async with client(test_server) as kube:
+        items, version = await kube.list(
+            PODS, "ns", label_selector="sessionfleet.dev/worker,app!=x", field_selector="a=b"
+        )
+    assert (items, version) == ([], "5")
+    assert seen[0]["query"] == {
+        "limit": "500",
+        "labelSelector": "sessionfleet.dev/worker,app!=x",
+        "fieldSelector": "a=b",
+    }
+
+
+async def test_refusals_become_the_errors_callers_handle(
+    server: tuple[TestServer, list[dict[str, Any]]],
+) -> None:
+    test_server, _ = server
+    async with client(test_server) as kube:
+        with pytest.raises(Conflict, match="changed"):
+            await kube.patch(SESSIONS, "s1", {"status": {}}, "ns", status=True, resource_version=6)
+        with pytest.raises(NotFound, match="no such pod"):
+            await kube.get(PODS, "gone", "ns")
+    async with client(test_server, write_gate=lambda: False) as kube:
+        with pytest.raises(NotLeading):
+            await kube.patch(SESSIONS, "s1", {"status": {}}, "ns", status=True)
+        assert (await kube.list(PODS, "ns"))[1] == "5"  # reads pass the gate
+
+
+async def test_a_server_that_is_gone_is_unavailable(
+    server: tuple[TestServer, list[dict[str, Any]]],
+) -> None:
+    test_server, _ = server
+    kube = client(test_server)
+    await test_server.close()
+    async with kube:
+        with pytest.raises(ApiUnavailable, match="GET /api/v1/namespaces/ns/pods"):
+            await kube.list(PODS, "ns")
