@@ -362,6 +362,34 @@ class Scene:
         found: OperatorProcess = self.wait(find, timeout=60, what="a leader")
         return found
 
+    def picture(self, session_name: str) -> str:
+        """What a failed wait needs: the session's status, the workers', nodes and roles."""
+        lines = [f"session {session_name}: {self.crs.status('agentsessions', session_name)}"]
+        for worker in self.crs.list("inferenceworkers"):
+            status = worker.get("status") or {}
+            conditions = [
+                (c.get("type"), c.get("status"), c.get("reason"))
+                for c in status.get("conditions") or ()
+            ]
+            lines.append(
+                f"worker {worker['metadata']['name']}: {status.get('phase')} epoch "
+                f"{status.get('epoch')} pod {status.get('pod')} on {status.get('node')} "
+                f"pinned {status.get('pinnedSessions')} {conditions}"
+            )
+        for node in client.CoreV1Api(self.api).list_node().items:
+            ready = [c for c in node.status.conditions or () if c.type == "Ready"]
+            lines.append(
+                f"node {node.metadata.name}: Ready={ready[0].status if ready else None} "
+                f"since {ready[0].last_transition_time if ready else None}"
+            )
+        for operator in self.operators:
+            try:
+                answer = httpx.get(f"http://127.0.0.1:{operator.health_port}/readyz", timeout=2)
+                lines.append(f"{operator.log_path.parent.name} /readyz: {answer.text}")
+            except httpx.HTTPError as error:
+                lines.append(f"{operator.log_path.parent.name} /readyz: {error!r}")
+        return "\n".join(lines)
+
     def logs_tail(self) -> str:
         parts = [f"--- {o.log_path.parent.name} ---\n{o.log_tail(30)}" for o in self.operators]
         if self.router is not None:
@@ -417,11 +445,14 @@ class Scene:
         assert self.fault_ended is not None and self.load is not None
         probe = f"probe-{int(time.monotonic() * 1000) % 100000}"
         self.crs.create(session(probe, workerPin="dst"))
-        self.wait(
-            lambda: self.crs.status("agentsessions", probe).get("phase") == "Bound",
-            timeout=timeout,
-            what="a new session bound after the fault",
-        )
+        try:
+            self.wait(
+                lambda: self.crs.status("agentsessions", probe).get("phase") == "Bound",
+                timeout=timeout,
+                what="a new session bound after the fault",
+            )
+        except AssertionError as error:
+            raise AssertionError(f"{error}\n{self.picture(probe)}") from None
         recovery = round(time.monotonic() - self.fault_ended, 2)
         load = self.load
         target = load.turns.answered + 3 * len(self.session_names)

@@ -172,3 +172,24 @@ def test_backed_pod_is_not_ready_until_its_readiness_probe_passes(
         assert conditions["Ready"] == "False"
         assert current["status"]["containerStatuses"][0]["ready"] is False
         time.sleep(1)
+
+
+def test_a_running_pod_marked_not_ready_by_someone_else_is_ready_again(
+    core: Any, api: Any, namespace: str
+) -> None:
+    """kube-controller-manager marks the pods of a node it takes for NotReady not Ready
+    (after an API server outage, for a moment); a live kubelet writes Ready back, and
+    so does the backer, or a worker would stay not Ready for the rest of the run."""
+    core.create_namespaced_pod(namespace, _http_server_pod("blip"))
+    before = _wait_ready(core, api, namespace, "blip")
+    core.patch_namespaced_pod_status(
+        "blip",
+        namespace,
+        {
+            "status": {
+                "conditions": [{"type": "Ready", "status": "False", "reason": "NodeNotReady"}]
+            }
+        },
+    )
+    after = _wait_ready(core, api, namespace, "blip")
+    assert container_id_pid(after) == container_id_pid(before)  # the same process, not a new one

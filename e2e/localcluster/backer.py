@@ -14,6 +14,8 @@ KWOK makes pods Running without running anything. For a pod labelled
   ``make e2e-vllm-tools`` installs, with the pod's arguments mapped in ``_vllm.py``;
 * an ``httpGet`` readiness probe, if declared, holds the pod not-Ready until the
   process answers it (probed every 0.25 s: faster than a kubelet, to keep tests fast);
+  once Ready, a pod that someone else marks not Ready (kube-controller-manager does,
+  for a node it takes for NotReady) is made Ready again, as a live kubelet does;
 * when the process exits, the container is marked terminated (exit code, or
   128 + signal) and the pod Failed (Succeeded on exit 0), through the status
   subresource. Like ``restartPolicy: Never``: the process is not restarted;
@@ -269,6 +271,22 @@ class PodBacker:
         status = pod.get("status", {})
         if backed is None and status.get("phase") == "Running" and status.get("podIP"):
             self._start(pod)
+        elif backed is not None and self._ready_taken_away(backed, pod):
+            # A kubelet's status manager puts back the status it knows when someone
+            # else changed it: kube-controller-manager marks every pod of a node it
+            # takes for NotReady not Ready (after an API server outage, its view of
+            # the node leases is stale for a moment), and a live kubelet undoes that.
+            logger.info("%s: marked not Ready by someone else; Ready again", backed.key)
+            self._write_running(backed, pod)
+
+    def _ready_taken_away(self, backed: BackedPod, pod: Pod) -> bool:
+        """Whether the pod says not Ready while its process runs and passed its probe."""
+        if not backed.ready or backed.deleting or backed.finished or backed.process is None:
+            return False
+        if not self._owns_status(pod):
+            return False
+        conditions = (pod.get("status") or {}).get("conditions") or ()
+        return any(c.get("type") == "Ready" and c.get("status") != "True" for c in conditions)
 
     @staticmethod
     def _owns_status(pod: Pod) -> bool:

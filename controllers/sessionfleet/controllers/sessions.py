@@ -175,6 +175,9 @@ async def bind(fleet: Fleet, session: SessionState, now: datetime) -> None:
         fleet.work.waiting.add(session.key)  # tried again on every pass until placed
         if session.phase is SessionPhase.PENDING:
             return  # already says so; retried by the loop when capacity changes
+        # Once per session that starts waiting: why a session is not served is the first
+        # question asked of an operator, and its status may not be the first place looked.
+        log.info("session %s/%s waits: %s", session.namespace, session.name, placement.message)
         await _patch_status(
             fleet,
             session,
