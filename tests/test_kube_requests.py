@@ -16,7 +16,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from sessionfleet.kube import PODS, SESSIONS, ApiUnavailable, Conflict, NotFound, NotLeading
-from sessionfleet.kube.client import Kube
+from sessionfleet.kube.client import Kube, environment_proxy
 from sessionfleet.kube.config import KubeConfig
 
 
@@ -143,3 +143,17 @@ async def test_a_server_that_is_gone_is_unavailable(
     async with kube:
         with pytest.raises(ApiUnavailable, match="GET /api/v1/namespaces/ns/pods"):
             await kube.list(PODS, "ns")
+
+
+def test_the_environment_names_the_proxy_and_no_proxy_bypasses_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name in ("HTTPS_PROXY", "https_proxy", "NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    assert environment_proxy("https://127.0.0.1:6443") is None
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.corp:3128")
+    assert environment_proxy("https://127.0.0.1:6443") == "http://proxy.corp:3128"
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,.svc")
+    assert environment_proxy("https://127.0.0.1:6443") is None
+    assert environment_proxy("https://kubernetes.default.svc") is None
+    assert environment_proxy("https://api.example.com:6443") == "http://proxy.corp:3128"

@@ -12,7 +12,8 @@ import json
 import ssl
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, Literal
-from urllib.parse import urlencode
+from urllib.parse import urlencode, urlsplit
+from urllib.request import getproxies, proxy_bypass
 
 import httpx
 
@@ -28,6 +29,18 @@ _CONTENT_TYPES: dict[PatchType, str] = {
     "apply": "application/apply-patch+yaml",
 }
 FIELD_MANAGER = "sessionfleet"
+
+
+def environment_proxy(server: str) -> str | None:
+    """Return the proxy the environment names for ``server`` (``HTTPS_PROXY``, ``NO_PROXY``).
+
+    As client-go's ``http.ProxyFromEnvironment``: the requests go straight to a
+    connection pool, which reads no environment of its own.
+    """
+    parts = urlsplit(server)
+    if not parts.hostname or proxy_bypass(parts.hostname):
+        return None
+    return getproxies().get(parts.scheme)
 
 
 def _ssl_context(config: KubeConfig) -> ssl.SSLContext | bool:
@@ -75,6 +88,7 @@ class Kube:
         }
         self._transport = transport or httpx.AsyncHTTPTransport(
             verify=_ssl_context(config),
+            proxy=environment_proxy(config.server),
             limits=httpx.Limits(max_connections=64, max_keepalive_connections=32),
         )
         # Requests go to the connection pool directly; only watches stream through the
