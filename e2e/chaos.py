@@ -26,6 +26,7 @@ import json
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -417,11 +418,15 @@ class Scene:
             parts.append(f"--- router ---\n{self.router.log_tail(30)}")
         return "\n".join(parts)
 
-    def wait(self, check: Any, timeout: float, what: str) -> Any:
+    def wait(
+        self, check: Any, timeout: float, what: str, state: Callable[[], str] | None = None
+    ) -> Any:
+        """Wait as ``wait_until``; a timeout also shows the logs and ``state()``, if given."""
         try:
             return wait_until(check, timeout=timeout, what=what)
         except AssertionError as error:
-            raise AssertionError(f"{error}\n{self.logs_tail()}") from None
+            shown = f"\n{state()}" if state is not None else ""
+            raise AssertionError(f"{error}\n{self.logs_tail()}{shown}") from None
 
     # ----------------------------------------------------------------- acting
 
@@ -466,23 +471,21 @@ class Scene:
         assert self.fault_ended is not None and self.load is not None
         probe = f"probe-{int(time.monotonic() * 1000) % 100000}"
         self.crs.create(session(probe, workerPin="dst"))
-        try:
-            self.wait(
-                lambda: self.crs.status("agentsessions", probe).get("phase") == "Bound",
-                timeout=timeout,
-                what="a new session bound after the fault",
-            )
-        except AssertionError as error:
-            raise AssertionError(f"{error}\n{self.picture(probe)}") from None
+        self.wait(
+            lambda: self.crs.status("agentsessions", probe).get("phase") == "Bound",
+            timeout=timeout,
+            what="a new session bound after the fault",
+            state=lambda: self.picture(probe),
+        )
         recovery = round(time.monotonic() - self.fault_ended, 2)
         load = self.load
         target = load.turns.answered + 3 * len(self.session_names)
-        try:
-            self.wait(
-                lambda: load.turns.answered >= target, timeout=90, what="turns after the fault"
-            )
-        except AssertionError as error:
-            raise AssertionError(f"{error}\n{self.load_picture()}\n{self.picture(probe)}") from None
+        self.wait(
+            lambda: load.turns.answered >= target,
+            timeout=90,
+            what="turns after the fault",
+            state=lambda: f"{self.load_picture()}\n{self.picture(probe)}",
+        )
         return recovery
 
     # ----------------------------------------------------------------- verdict
