@@ -26,6 +26,7 @@ import json
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,6 +66,8 @@ class Turns:
     failed: list[str] = field(default_factory=list)
     served_by: Counter[str] = field(default_factory=Counter)
     """Answered turns per worker (the router's ``X-Sessionfleet-Worker``)."""
+    last_problem: dict[str, str] = field(default_factory=dict)
+    """Each session's latest failed attempt, with when it ended (for a failed wait)."""
 
 
 class Load:
@@ -127,6 +130,8 @@ class Load:
                 problem = f"{response.status_code} {response.text[:200]}"
             except httpx.HTTPError as error:
                 problem = repr(error)
+            with self._lock:
+                self.turns.last_problem[session_id] = f"{time.strftime('%H:%M:%S')} {problem}"
             if time.monotonic() - started > self.give_up_after:
                 with self._lock:
                     self.turns.failed.append(f"{session_id}: {problem}")
@@ -390,17 +395,38 @@ class Scene:
                 lines.append(f"{operator.log_path.parent.name} /readyz: {error!r}")
         return "\n".join(lines)
 
+    def load_picture(self) -> str:
+        """The load's counts and each session's latest problem; the router's own counts."""
+        assert self.load is not None
+        turns = self.load.turns
+        lines = [f"answered {turns.answered}, retries {turns.retries}, failed {turns.failed[:4]}"]
+        lines += [f"  {sid}: {problem}" for sid, problem in sorted(turns.last_problem.items())]
+        try:
+            text = httpx.get(f"{self.url}/metrics", timeout=5).text
+            lines += [
+                line
+                for line in text.splitlines()
+                if line.startswith("sessionfleet_router_") and "_bucket" not in line
+            ]
+        except httpx.HTTPError as error:
+            lines.append(f"router /metrics: {error!r}")
+        return "\n".join(lines)
+
     def logs_tail(self) -> str:
         parts = [f"--- {o.log_path.parent.name} ---\n{o.log_tail(30)}" for o in self.operators]
         if self.router is not None:
             parts.append(f"--- router ---\n{self.router.log_tail(30)}")
         return "\n".join(parts)
 
-    def wait(self, check: Any, timeout: float, what: str) -> Any:
+    def wait(
+        self, check: Any, timeout: float, what: str, state: Callable[[], str] | None = None
+    ) -> Any:
+        """Wait as ``wait_until``; a timeout also shows the logs and ``state()``, if given."""
         try:
             return wait_until(check, timeout=timeout, what=what)
         except AssertionError as error:
-            raise AssertionError(f"{error}\n{self.logs_tail()}") from None
+            shown = f"\n{state()}" if state is not None else ""
+            raise AssertionError(f"{error}\n{self.logs_tail()}{shown}") from None
 
     # ----------------------------------------------------------------- acting
 
@@ -445,18 +471,21 @@ class Scene:
         assert self.fault_ended is not None and self.load is not None
         probe = f"probe-{int(time.monotonic() * 1000) % 100000}"
         self.crs.create(session(probe, workerPin="dst"))
-        try:
-            self.wait(
-                lambda: self.crs.status("agentsessions", probe).get("phase") == "Bound",
-                timeout=timeout,
-                what="a new session bound after the fault",
-            )
-        except AssertionError as error:
-            raise AssertionError(f"{error}\n{self.picture(probe)}") from None
+        self.wait(
+            lambda: self.crs.status("agentsessions", probe).get("phase") == "Bound",
+            timeout=timeout,
+            what="a new session bound after the fault",
+            state=lambda: self.picture(probe),
+        )
         recovery = round(time.monotonic() - self.fault_ended, 2)
         load = self.load
         target = load.turns.answered + 3 * len(self.session_names)
-        self.wait(lambda: load.turns.answered >= target, timeout=90, what="turns after the fault")
+        self.wait(
+            lambda: load.turns.answered >= target,
+            timeout=90,
+            what="turns after the fault",
+            state=lambda: f"{self.load_picture()}\n{self.picture(probe)}",
+        )
         return recovery
 
     # ----------------------------------------------------------------- verdict

@@ -207,7 +207,14 @@ def test_two_operator_replicas_elect_one_and_the_standby_is_ready(
                 answers.append(answer.json()["role"])
             return sorted(answers)
 
-        assert wait_until(roles, timeout=30, what="both replicas ready") == ["leader", "standby"]
+        try:
+            ready = wait_until(roles, timeout=30, what="both replicas ready")
+        except AssertionError as error:
+            tails = "\n".join(
+                f"--- replica {i} ---\n{r.log_tail(20)}" for i, r in enumerate(replicas)
+            )
+            raise AssertionError(f"{error}\n{tails}") from None
+        assert ready == ["leader", "standby"]
     finally:
         for replica in replicas:
             replica.stop()

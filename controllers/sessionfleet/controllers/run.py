@@ -262,6 +262,7 @@ async def run_operator(
     from kopf._cogs.structs.references import Insights
     from prometheus_client import start_http_server
 
+    from sessionfleet import __version__
     from sessionfleet.api import CheckpointDriver
     from sessionfleet.checkpoint import Driver
     from sessionfleet.checkpoint.criu import CriuDriver, node_address_locator
@@ -282,6 +283,12 @@ async def run_operator(
     from sessionfleet.leader import LeaderElector, Leadership, Solo
     from sessionfleet.policy.events import Coalescer
 
+    operator_log = logging.getLogger("sessionfleet.operator")
+    operator_log.info(
+        "sessionfleet %s operator starting: %s",
+        __version__,
+        ", ".join(config.namespaces) if config.namespaces else "every namespace",
+    )
     kube_config = KubeConfig.load(config.kubeconfig)
     leadership: Leadership = Solo()
     if election is not None:
@@ -329,7 +336,7 @@ async def run_operator(
     )
     metrics.LEADER.set_function(lambda: 1.0 if leadership.leading else 0.0)
     start_http_server(config.metrics_port)
-    supervisor = Supervisor(logging.getLogger("sessionfleet.operator"))
+    supervisor = Supervisor(operator_log)
     stop = asyncio.Event()
     watchdog = asyncio.create_task(_stop_on_failure(supervisor, stop))
     health = await serve_health(fleet, supervisor, config.health_port)
