@@ -118,3 +118,22 @@ def test_worker_counters_are_coalesced_but_phase_changes_are_not() -> None:
     assert not worth_writing(fleet, record, {})
     fleet.status_written_at[record.key] = time.monotonic() - 6
     assert worth_writing(fleet, record, counters)
+
+
+def test_a_large_fleets_counters_wait_longer_so_their_writes_keep_to_the_budget() -> None:
+    import time
+
+    from sessionfleet.controllers.records import WorkerRecord
+    from sessionfleet.controllers.workers import worth_writing
+
+    config = OperatorConfig(status_coalesce_seconds=5.0, counter_writes_per_second=20.0)
+    fleet = Fleet(config=config, kube=None, http=None)  # type: ignore[arg-type]
+    workers = {("ns", f"w{i}"): [WorkerRecord("ns", f"w{i}", 1, None)] for i in range(500)}
+    fleet.workers = workers  # type: ignore[assignment]  # kopf's index: key -> records
+    record = workers[("ns", "w0")][0]
+    assert fleet.counter_interval() == 25.0
+    fleet.status_written_at[record.key] = time.monotonic() - 6
+    assert not worth_writing(fleet, record, {"pinnedSessions": 3})  # 6 s: not yet
+    assert worth_writing(fleet, record, {"phase": "Draining"})  # never waits
+    fleet.status_written_at[record.key] = time.monotonic() - 26
+    assert worth_writing(fleet, record, {"pinnedSessions": 3})

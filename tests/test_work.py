@@ -13,7 +13,7 @@ from sessionfleet.controllers.config import OperatorConfig
 from sessionfleet.controllers.fleet import EngineStats, Fleet
 from sessionfleet.controllers.loads import WorkerLoads
 from sessionfleet.controllers.records import WorkerRecord, worker_record
-from sessionfleet.controllers.work import Deadlines, WorkQueue
+from sessionfleet.controllers.work import Deadlines, WorkQueue, counter_interval
 from sessionfleet.policy.drain import DEFAULT_POLICY, PinnedSession, PolicyChoice
 from sessionfleet.policy.observed import NodeState, PodState
 from sessionfleet.policy.sessions import (
@@ -264,6 +264,18 @@ def test_a_workers_counts_are_looked_at_now_only_when_its_hold_changes() -> None
     assert work.take(wall=0.0, mono=1.0).workers == {("ns", "first"), ("ns", "last")}
     assert work.take(wall=0.0, mono=9.0).workers == set()
     assert work.take(wall=0.0, mono=10.0).workers == {("ns", "busy")}
+
+
+def test_counter_writes_stay_within_their_budget_whatever_the_fleet_size() -> None:
+    assert counter_interval(5.0, 4, 20.0) == 5.0  # a small fleet: the floor
+    assert counter_interval(5.0, 100, 20.0) == 5.0  # exactly at the budget
+    assert counter_interval(5.0, 500, 20.0) == 25.0
+    assert counter_interval(5.0, 500, 0.0) == 5.0  # no budget
+    for workers in (1, 99, 100, 101, 500, 5000):
+        interval = counter_interval(5.0, workers, 20.0)
+        # Each worker due once per interval: the fleet's rate never passes the budget.
+        assert workers / interval <= 20.0 + 1e-9
+        assert interval >= 5.0
 
 
 def test_the_policies_are_written_again_only_after_something_they_read_changed() -> None:

@@ -39,6 +39,9 @@ class OperatorConfig:
     max_concurrent_writes: int = 16
     status_coalesce_seconds: float = 5.0
     """A worker's counters (pinned sessions, KV usage…) are written at most this often."""
+    counter_writes_per_second: float = 20.0
+    """Writes of workers' counters alone, fleet-wide: with more workers than
+    ``status_coalesce_seconds`` times this, each worker's counters wait longer."""
     checkpoint_timeout: timedelta = DEFAULT_CHECKPOINT_TIMEOUT
     """The longest a checkpoint runs; a Running one left by a restart fails after it."""
     ack_timeout: timedelta = DEFAULT_ACK_TIMEOUT

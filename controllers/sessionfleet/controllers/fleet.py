@@ -31,7 +31,7 @@ from sessionfleet.controllers.faults import Faults
 from sessionfleet.controllers.loads import PlacementViews, WorkerLoads, placement_identity
 from sessionfleet.controllers.records import Key, PolicyRecord, WorkerRecord, resource_version
 from sessionfleet.controllers.sessioncache import SessionCache
-from sessionfleet.controllers.work import WorkQueue
+from sessionfleet.controllers.work import WorkQueue, counter_interval
 from sessionfleet.kube import Kube
 from sessionfleet.leader import Leadership, Solo
 from sessionfleet.policy.checkpoint import CheckpointState
@@ -63,6 +63,7 @@ class Store(Protocol):
         """Return the values under ``key``, or ``default``."""
 
     def __iter__(self) -> Iterator[Any]: ...
+    def __len__(self) -> int: ...
     def __getitem__(self, key: Any) -> Iterable[Any]: ...
 
 
@@ -162,12 +163,12 @@ class Fleet:
     indexed: asyncio.Event = field(default_factory=asyncio.Event)
     freshness: Freshness = field(default_factory=Freshness)
     faults: Faults = field(default_factory=Faults)
+    """Objects whose last reconcile failed (controllers/sessionfleet/controllers/faults.py)."""
     node_gate: NodeRecoveryGate = field(default_factory=lambda: NodeRecoveryGate(0))
+    """This pass's budget for moving workers off NotReady nodes (set by the loop)."""
     node_moves: dict[Key, float] = field(default_factory=dict)
     """Workers this process moved off a NotReady node (monotonic time of the write),
     until the index shows them Recovering: the node gate counts them meanwhile."""
-    """This pass's budget for moving workers off NotReady nodes (set by the loop)."""
-    """Objects whose last reconcile failed (controllers/sessionfleet/controllers/faults.py)."""
     ledger: BindingLedger = field(default_factory=BindingLedger)
     worker_loads: WorkerLoads = field(default_factory=WorkerLoads)
     """Pinned sessions and tokens per worker, as the session events showed them."""
@@ -181,9 +182,9 @@ class Fleet:
     (monotonic), so a pass does not write them again while the watch catches up."""
     busy_sessions: set[Key] = field(default_factory=set)
     deleted_sessions: dict[Key, int] = field(default_factory=dict)
+    """Sessions we deleted, with their resourceVersion, until the index drops them."""
     status_written_at: dict[Key, float] = field(default_factory=dict)
     """When each worker's status was last written (monotonic), to coalesce counters."""
-    """Sessions we deleted, with their resourceVersion, until the index drops them."""
     drivers: dict[CheckpointDriver, Driver] = field(default_factory=dict)
     running_checkpoints: set[Key] = field(default_factory=set)
     created_checkpoints: set[Key] = field(default_factory=set)
@@ -239,6 +240,14 @@ class Fleet:
         """Return the worker's record, if the index has it."""
         record: WorkerRecord | None = _one(self.workers, (namespace, name))
         return record
+
+    def counter_interval(self) -> float:
+        """How long a worker's counters wait between writes, with this many workers."""
+        return counter_interval(
+            self.config.status_coalesce_seconds,
+            len(self.workers) if self.workers is not None else 0,
+            self.config.counter_writes_per_second,
+        )
 
     def all_workers(self) -> list[WorkerRecord]:
         """Return every worker record."""

@@ -15,7 +15,7 @@ import httpx
 
 from sessionfleet.api import parse_duration
 from sessionfleet.checkpoint.criu import AGENT_PORT
-from sessionfleet.cliargs import fraction, positive_int
+from sessionfleet.cliargs import fraction, non_negative_float, positive_int
 from sessionfleet.controllers.config import OperatorConfig
 from sessionfleet.leader import DEFAULT_LEASE_NAME
 from sessionfleet.policy.leadership import ElectionTiming
@@ -88,6 +88,15 @@ def add_parser(commands: Any) -> None:
         default=DEFAULTS.full_resync_seconds,
         help="seconds between passes over every worker and session; the others take "
         f"only what events touched (default {DEFAULTS.full_resync_seconds:g})",
+    )
+    parser.add_argument(
+        "--counter-writes",
+        type=non_negative_float,
+        default=DEFAULTS.counter_writes_per_second,
+        help="workers' counter-only status writes per second, fleet-wide: with more "
+        "workers, each one's counters are written less often than every "
+        f"{DEFAULTS.status_coalesce_seconds:g} s; 0: no budget "
+        f"(default {DEFAULTS.counter_writes_per_second:g})",
     )
     parser.add_argument(
         "--scrape-interval",
@@ -218,6 +227,7 @@ def _run(args: argparse.Namespace) -> int:
         unhealthy_node_threshold=args.unhealthy_node_threshold,
         resync_seconds=args.resync,
         full_resync_seconds=args.full_resync,
+        counter_writes_per_second=args.counter_writes,
         scrape_interval_seconds=args.scrape_interval,
         ack_timeout=args.ack_timeout,
         checkpoint_timeout=args.checkpoint_timeout,

@@ -146,6 +146,6 @@ def count(fleet: Fleet, key: Key, state: SessionState | None) -> None:
     else:
         fleet.ledger.observe(key, state.worker)  # the cache shows this event now
         loads.update(state)
-    due = time.monotonic() + fleet.config.status_coalesce_seconds
+    due = time.monotonic() + fleet.counter_interval()
     for worker, pinned in before.items():
         fleet.work.worker_counted(worker, pinned, loads.pinned.get(worker, 0), due)

@@ -30,6 +30,24 @@ WORKERS: Final = "inferenceworkers"
 SESSIONS: Final = "agentsessions"
 
 
+def counter_interval(floor: float, workers: int, writes_per_second: float) -> float:
+    """Return how long a worker's counters wait between writes (seconds).
+
+    ``floor`` seconds, or longer where ``workers`` would otherwise write more than
+    ``writes_per_second``.
+
+    Counters (pinned and active sessions, KV usage, hit rate) move with every bind,
+    finish and scrape, so under churn each worker's are due once per interval: with
+    500 workers and 5 seconds, 100 status writes a second, each also an event for
+    every watcher of workers (this operator's kopf, the routers, the endpoint picker).
+    The interval grows with the fleet instead, so those writes stay within a budget
+    whatever its size; phase, epoch and conditions never wait.
+    """
+    if writes_per_second <= 0:
+        return floor
+    return max(floor, workers / writes_per_second)
+
+
 @dataclass
 class Deadlines:
     """When each key is due next: one deadline per key, taken in time order.
@@ -162,7 +180,7 @@ class WorkQueue:
 
         Only a worker whose pinned count crosses zero must be looked at now (its hold
         goes up or comes down); for any other its status counters are all that
-        changed, written at most every ``status_coalesce_seconds``: it is due at ``at``.
+        changed, written at most once per :func:`counter_interval`: it is due at ``at``.
         Marking every bound worker on every session event cost a reconcile of most
         workers on every pass at 150 binds a second (make bench-scale).
         """

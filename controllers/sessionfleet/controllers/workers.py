@@ -182,16 +182,16 @@ def worth_writing(fleet: Fleet, record: WorkerRecord, patch: dict[str, Any]) -> 
     """Whether to write a status patch now, or let a later pass carry it.
 
     A patch of counters alone waits until the worker's status has not been written for
-    ``status_coalesce_seconds``: every bind and finish changes ``pinnedSessions``, and
-    writing each change would cost the worker a write per session. Phase, epoch,
-    conditions and the rest go out at once.
+    the fleet's counter interval (:func:`.work.counter_interval`): every bind and
+    finish changes ``pinnedSessions``, and writing each change would cost the worker a
+    write per session. Phase, epoch, conditions and the rest go out at once.
     """
     if not patch:
         return False
     if not set(patch) <= COUNTER_FIELDS:
         return True
     last = fleet.status_written_at.get(record.key)
-    return last is None or time.monotonic() - last >= fleet.config.status_coalesce_seconds
+    return last is None or time.monotonic() - last >= fleet.counter_interval()
 
 
 async def write_status(
@@ -266,7 +266,7 @@ async def reconcile_worker(fleet: Fleet, record: WorkerRecord, now: datetime) ->
     if not worth_writing(fleet, record, patch):
         if patch:  # counters only, coalesced: written once the interval has passed
             written = fleet.status_written_at.get(record.key, time.monotonic())
-            due = written + fleet.config.status_coalesce_seconds
+            due = written + fleet.counter_interval()
             fleet.work.retry(WORKERS.plural, record.key, due)
         patch = {}
 
