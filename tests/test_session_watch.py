@@ -156,3 +156,46 @@ async def test_a_watch_of_the_cluster_keeps_only_the_namespaces_served() -> None
         task.cancel()
     assert [s.key for s in fleet.all_sessions()] == [("team-a", "a")]
     assert not fleet.indexed.is_set()  # kopf has not filled its indexes yet
+
+
+
+class GatedKube(ScriptedKube):
+    """Expires its first watch only once ``expire`` is set."""
+
+    def __init__(self, lists: list[list[dict]]) -> None:
+        super().__init__(lists, [])
+        self.expire = asyncio.Event()
+
+    async def watch(self, *_: Any, **__: Any) -> AsyncIterator[tuple[str, dict]]:
+        if not self.expire.is_set():
+            await self.expire.wait()
+            raise Gone(410, "too old resource version")
+        async for step in super().watch():
+            yield step
+
+
+async def test_a_relist_neither_parses_nor_marks_a_session_at_a_version_already_held() -> None:
+    kube = GatedKube(
+        lists=[
+            [body("same", 1, "w1"), body("moved", 2, "w1")],
+            [body("same", 1, "w1"), body("moved", 5, "w2"), body("new", 6)],
+        ]
+    )
+    fleet = Fleet(config=OperatorConfig(), kube=kube, http=None)  # type: ignore[arg-type]
+    fleet.kopf_indexed = True
+    task = asyncio.create_task(follow(fleet, sources(["ns"])[0]))
+    try:
+        await until(lambda: len(fleet.sessions) == 2)
+        kept = {s.name: s for s in fleet.all_sessions()}
+        fleet.work.take(wall=0.0, mono=0.0)  # the first, full pass takes every mark
+        kube.expire.set()
+        await until(lambda: fleet.session("ns", "new") is not None)
+    finally:
+        task.cancel()
+    # The unchanged session is the very record kept before the relist: not parsed again.
+    assert fleet.session("ns", "same") is kept["same"]
+    moved = fleet.session("ns", "moved")
+    assert moved is not None and moved is not kept["moved"] and moved.worker == "w2"
+    # Only what changed is marked for the next pass; the counts still add up.
+    assert fleet.work.sessions == {("ns", "moved"), ("ns", "new")}
+    assert dict(fleet.worker_loads.pinned) == {("ns", "w1"): 1, ("ns", "w2"): 1}

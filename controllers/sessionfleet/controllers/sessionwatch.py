@@ -21,8 +21,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from kopf._cogs.structs.references import (
     NamespaceName,
@@ -32,7 +33,7 @@ from kopf._cogs.structs.references import (
 
 from sessionfleet.controllers import loop
 from sessionfleet.controllers.fleet import Fleet
-from sessionfleet.controllers.records import Key, session_record
+from sessionfleet.controllers.records import Key, resource_version, session_record
 from sessionfleet.controllers.sessions import reconcile_session
 from sessionfleet.kube import SESSIONS, Kube
 from sessionfleet.kube.reflector import reflect
@@ -72,18 +73,23 @@ async def follow(fleet: Fleet, source: Source, kube: Kube | None = None) -> None
     """Keep ``fleet.sessions`` in step with one watch; mark and bind as events arrive.
 
     A listing (the first, or a new one after the watch expired) replaces the source's
-    sessions: those gone from it are handled as deleted, every listed one as changed.
-    The watch reads through ``kube`` (the fleet's own client if None).
+    sessions: those gone from it are handled as deleted, every listed one that changed
+    as changed. The watch reads through ``kube`` (the fleet's own client if None).
     """
     reader = kube if kube is not None else fleet.kube
-    async for event in reflect(reader, SESSIONS, source.namespace, convert=session_record):
+
+    def record(body: dict[str, Any]) -> SessionState:
+        return known_record(fleet, body) or session_record(body)
+
+    async for event in reflect(reader, SESSIONS, source.namespace, convert=record):
         if event.type == "SYNC":
             listed = {s.key: s for s in event.items if source.serves(s.namespace)}
             for key in fleet.sessions.keys_in(source.namespace) - listed.keys():
                 if source.serves(key[0]):
                     session_deleted(fleet, key)
             for count, state in enumerate(listed.values(), 1):
-                session_changed(fleet, state, bind_new=False)
+                if fleet.sessions.get(state.key) is not state:
+                    session_changed(fleet, state, bind_new=False)
                 if count % YIELD_EVERY == 0:
                     await asyncio.sleep(0)
             del listed
@@ -104,6 +110,20 @@ async def follow(fleet: Fleet, source: Source, kube: Kube | None = None) -> None
             else:
                 session_changed(fleet, session_record(event.obj), bind_new=True)
         fleet.wakeup.set()
+
+
+def known_record(fleet: Fleet, body: Mapping[str, Any]) -> SessionState | None:
+    """Return the kept record of this very version of a session, if there is one.
+
+    A relist after a watch expired lists every session again, most of them as they
+    were: a version the cache already holds (its resourceVersion, which every write
+    changes) is neither parsed again nor handled as a change.
+    """
+    meta = body.get("metadata") or {}
+    kept = fleet.sessions.get((str(meta.get("namespace", "")), str(meta.get("name", ""))))
+    if kept is None or not kept.resource_version:
+        return None
+    return kept if kept.resource_version == resource_version(body) else None
 
 
 def session_changed(fleet: Fleet, state: SessionState, *, bind_new: bool) -> None:
