@@ -112,6 +112,28 @@ def test_a_burst_of_notices_is_one_event_and_its_series() -> None:
     assert coalescer.observe(key, 1062.0 + 601) is True
 
 
+def test_series_updates_beyond_the_limit_wait_and_the_longest_unwritten_go_first() -> None:
+    coalescer = Coalescer(window=600, flush_every=30)
+    keys = [("ns", "InferenceWorker", f"w{i}", "uid", "Normal", "SessionsBound") for i in range(5)]
+    for i, key in enumerate(keys):
+        coalescer.observe(key, 1000.0)
+        coalescer.created(key, f"w{i}.e")
+        coalescer.observe(key, 1001.0)  # a repeat: a series to write
+    first = coalescer.due(1031.0, limit=2)
+    assert len(first) == 2
+    for key in keys:
+        coalescer.observe(key, 1040.0)  # every series grows again
+    # The three left out are written next, before the two just written come round again.
+    second = coalescer.due(1062.0, limit=3)
+    assert {u.key for u in second} == set(keys) - {u.key for u in first}
+    assert {u.key for u in coalescer.due(1063.0, limit=10)} == {u.key for u in first}
+    assert sum(u.count for u in second) == 3 * 3  # each counts what it saw
+    for key in keys:
+        coalescer.observe(key, 1070.0)
+    assert coalescer.due(1100.0, limit=0) == []
+    assert len(coalescer.due(1100.0)) == 5  # no limit: every series due
+
+
 def test_the_coalescer_forgets_the_least_recently_seen_beyond_its_bound() -> None:
     coalescer = Coalescer(max_keys=3)
     for i in range(5):
@@ -135,3 +157,53 @@ def test_the_event_body_names_its_object_by_uid_and_bounds_its_note() -> None:
         "count": 3,
         "lastObservedTime": "1970-01-01T00:00:01.500000Z",
     }
+
+
+class WrittenEvents:
+    """Stands in for the API client: keeps what the recorder writes (no cluster here)."""
+
+    def __init__(self) -> None:
+        self.created: list[str] = []
+        self.patched: list[str] = []
+
+    async def create(self, _resource: Any, body: dict[str, Any], _namespace: str) -> None:
+        self.created.append(body["metadata"]["name"])
+
+    async def patch(self, _resource: Any, name: str, *_: Any, **__: Any) -> None:
+        self.patched.append(name)
+
+
+async def test_the_recorder_writes_series_updates_within_its_budget_of_events() -> None:
+    import asyncio
+
+    from sessionfleet.controllers.events import EventRecorder
+
+    kube = WrittenEvents()
+    coalescer = Coalescer(window=600, flush_every=0)
+    # Fifty series already created and repeated: each has a count to write back.
+    for i in range(50):
+        key = ("ns", "InferenceWorker", f"w{i}", "uid", "Normal", "SessionsBound")
+        coalescer.observe(key, 1000.0)
+        coalescer.created(key, f"w{i}.e")
+        coalescer.observe(key, 1001.0)
+    recorder = EventRecorder(
+        kube,  # type: ignore[arg-type]
+        "op-1",
+        coalescer=coalescer,
+        rate=0.001,  # no token earned while the test runs: the burst is the whole budget
+        burst=5,
+        clock=lambda: 1002.0,
+    )
+    worker = ObjectRef("sessionfleet.dev/v1alpha1", "InferenceWorker", "ns", "new", "u-2")
+    recorder.record(worker, Notice(EventType.NORMAL, "DrainStarted", "Drain", "a new Event"))
+    task = asyncio.create_task(recorder.run())
+    try:
+        for _ in range(100):
+            if kube.patched:
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)
+    finally:
+        task.cancel()
+    assert len(kube.created) == 1
+    assert len(kube.patched) == 4  # the budget's other four tokens; 46 series wait

@@ -158,7 +158,6 @@ async def test_a_watch_of_the_cluster_keeps_only_the_namespaces_served() -> None
     assert not fleet.indexed.is_set()  # kopf has not filled its indexes yet
 
 
-
 class GatedKube(ScriptedKube):
     """Expires its first watch only once ``expire`` is set."""
 

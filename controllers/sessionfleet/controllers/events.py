@@ -3,8 +3,8 @@
 :meth:`EventRecorder.record` is synchronous and cheap: the reconcile that decided
 something calls it and goes on. Which notices become Events and which only count is
 :class:`sessionfleet.policy.events.Coalescer`'s decision; :meth:`EventRecorder.run`
-writes the new Events (at most ``rate`` a second, ``burst`` at once) and the series
-updates of repeated ones. Events are for people: one that cannot be written (the API
+writes the new Events and the series updates of repeated ones, together at most
+``rate`` a second (``burst`` at once). Events are for people: one that cannot be written (the API
 server is away, this replica no longer leads, the queue is full) is counted in
 ``sessionfleet_events_dropped_total`` and never retried at the cost of the fleet.
 """
@@ -105,7 +105,11 @@ class EventRecorder:
                     continue
                 self._bucket.take()
                 await self._create(self._queue.popleft())
-            for update in self.coalescer.due(self.clock()):
+            # Series updates spend the same budget as new Events: whatever the number
+            # of series, the recorder writes at most ``rate`` Events a second.
+            budget = self._bucket.available(time.monotonic())
+            for update in self.coalescer.due(self.clock(), limit=budget):
+                self._bucket.take()
                 namespace = update.key[0]
                 try:
                     await self.kube.patch(

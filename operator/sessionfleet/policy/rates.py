@@ -30,6 +30,11 @@ class TokenBucket:
         self.refill(now)
         return 0.0 if self.tokens >= 1 else (1 - self.tokens) / self.rate
 
+    def available(self, now: float) -> int:
+        """Whole tokens there now."""
+        self.refill(now)
+        return int(self.tokens)
+
     def take(self) -> None:
         """Spend one token; call after :meth:`wait` answered 0."""
         self.tokens -= 1
