@@ -101,6 +101,44 @@ vllm:num_requests_waiting{model_name="m"} 1.0
     assert stats.prefix_hits == 940.0 and stats.prefix_queries == 1000.0
 
 
+def test_engine_metrics_are_read_from_a_whole_vllm_page_with_two_engines() -> None:
+    """A page as vLLM's prometheus_client renders it: HELP, TYPE, histograms, ``_created``
+    lines, label values with spaces and braces, and names that begin like the ones read."""
+    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+    registry = CollectorRegistry()
+    labels = ["model_name", "engine"]
+    models = [('org/m {x} "q"', "0"), ('org/m {x} "q"', "1")]
+    for name in ("vllm:time_to_first_token_seconds", "vllm:e2e_request_latency_seconds"):
+        histogram = Histogram(name, "latency", labels, registry=registry)
+        for model in models:
+            histogram.labels(*model).observe(0.25)
+    figures = {
+        "vllm:num_requests_running": (Gauge, 2.0),
+        "vllm:num_requests_waiting": (Gauge, 1.0),
+        "vllm:num_requests_waiting_by_reason": (Gauge, 50.0),  # not waiting's figure
+        "vllm:kv_cache_usage_perc": (Gauge, 0.25),  # read, summed over engines as before
+        "vllm:prefix_cache_queries": (Counter, 500.0),
+        "vllm:prefix_cache_hits": (Counter, 400.0),
+        "vllm:external_prefix_cache_hits": (Counter, 999.0),
+    }
+    for name, (kind, value) in figures.items():
+        metric = kind(name, "figure", labels, registry=registry)
+        for model in models:
+            if kind is Gauge:
+                metric.labels(*model).set(value)
+            else:
+                metric.labels(*model).inc(value)
+    page = generate_latest(registry).decode()
+    assert page.count("\n") > 60 and "_created" in page
+
+    stats = parse_engine_metrics(page)
+    # Both engines of the worker are summed, as before; look-alike names are not read.
+    assert (stats.running, stats.waiting) == (4, 2)
+    assert (stats.prefix_queries, stats.prefix_hits) == (1000.0, 800.0)
+    assert stats.kv_usage is not None and stats.ignored == ()
+
+
 def test_deprecated_metric_names_alone_give_no_figures() -> None:
     stats = parse_engine_metrics("vllm:gpu_cache_usage_perc 0.5\n")
     assert stats.kv_usage is None

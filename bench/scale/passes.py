@@ -13,7 +13,11 @@ and the operator's own functions timed on them, single-threaded:
 * **deciding sessions**: the pure decision (``next_step``) over every session, which
   every pass of the fleet loop made before, against a marked pass's few hundred;
 * **marking**: what a session event costs in :class:`WorkQueue` and
-  :class:`WorkerLoads`.
+  :class:`WorkerLoads`;
+* **reading one engine's metrics**: a page shaped like vLLM's (20 histograms of 25
+  buckets with ``_created`` lines, its counters and gauges: ~700 lines, 64 KB), read
+  by the operator's scrape (only the lines it reads parsed) against prometheus_client's
+  parser over the whole page (before).
 
     .venv/bin/python bench/scale/passes.py [--sessions 10000,100000] [--out FILE]
 """
@@ -31,6 +35,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from prometheus_client.parser import text_string_to_metric_families
+
 REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.append(str(REPO))
@@ -38,6 +44,7 @@ if str(REPO) not in sys.path:
 from bench.scale.memory import NAMESPACE, WORKERS, agent_session  # noqa: E402
 from sessionfleet.controllers.config import OperatorConfig  # noqa: E402
 from sessionfleet.controllers.fleet import Fleet  # noqa: E402
+from sessionfleet.controllers.loop import parse_engine_metrics  # noqa: E402
 from sessionfleet.controllers.records import session_record, worker_record  # noqa: E402
 from sessionfleet.controllers.sessions import next_step  # noqa: E402
 from sessionfleet.policy.placement import PlacementRequest, WorkerLoad, place  # noqa: E402
@@ -97,6 +104,30 @@ def loads_counted_from_the_index(fleet: Fleet, namespace: str) -> list[WorkerLoa
     return loads
 
 
+def vllm_metrics_page() -> str:
+    """A /metrics page shaped like vLLM's: many histograms, a few figures the operator reads."""
+    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+    registry = CollectorRegistry()
+    labels = ("model_name", "engine")
+    model = ("Qwen/Qwen3-Coder-30B-A3B-Instruct", "0")
+    for i in range(20):
+        buckets = [0.001 * 2**k for k in range(25)]
+        Histogram(f"vllm:histogram_{i}", "h", labels, registry=registry, buckets=buckets).labels(
+            *model
+        ).observe(0.5)
+    for name in ("prefix_cache_queries", "prefix_cache_hits", "prompt_tokens", "num_preemptions"):
+        Counter(f"vllm:{name}", "c", labels, registry=registry).labels(*model).inc(100)
+    for name in ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc"):
+        Gauge(f"vllm:{name}", "g", labels, registry=registry).labels(*model).set(0.5)
+    return generate_latest(registry).decode()
+
+
+def read_metrics_whole(text: str) -> int:
+    """Before: prometheus_client's parser over the whole page (the samples counted)."""
+    return sum(len(family.samples) for family in text_string_to_metric_families(text))
+
+
 def timed(work: Callable[[], object], repeat: int) -> dict[str, float]:
     """Milliseconds per call: median and best of ``repeat`` calls."""
     times = []
@@ -127,9 +158,12 @@ def measure(sessions: int, workers: int, marked: int) -> dict[str, Any]:
         assert placed.worker is not None
         fleet.ledger.add((NAMESPACE, f"new-{next(binds)}"), placed.worker, 0)
 
+    page = vllm_metrics_page()
     return {
         "sessions": sessions,
         "workers": workers,
+        "read_one_vllm_metrics_page": timed(lambda: parse_engine_metrics(page), 50),
+        "read_one_vllm_metrics_page_whole": timed(lambda: read_metrics_whole(page), 10),
         "place_one_session": timed(bind_one, 50),
         "place_one_session_view_built_anew": timed(lambda: bind_one(view_anew=True), 50),
         "place_one_session_counting_the_index": timed(

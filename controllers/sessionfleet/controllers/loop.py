@@ -297,6 +297,8 @@ _READ: Final = frozenset(
     }
 )
 """The samples the operator reads (counters are exposed with ``_total``)."""
+_READ_LINES: Final = tuple(f"{name}{end}" for name in sorted(_READ) for end in ("{", " "))
+"""How the lines of those samples begin: a name, then its labels or its value."""
 
 
 def parse_engine_metrics(text: str) -> EngineStats:
@@ -305,10 +307,15 @@ def parse_engine_metrics(text: str) -> EngineStats:
     A NaN or infinite value is left out and named in ``ignored`` (the worker then
     carries ``EngineMetrics=False``): one engine's nonsense must neither stop the
     scraper nor reach a status field.
+
+    Only the lines of the samples read are parsed: vLLM's page is some 700 lines of
+    histograms (64 KB), which prometheus_client's parser took 6-12 ms to read whole,
+    a third of a core for 500 workers scraped every 15 seconds.
     """
     values: dict[str, float] = {}
     ignored: set[str] = set()
-    for family in text_string_to_metric_families(text):
+    read = "\n".join(line for line in text.splitlines() if line.startswith(_READ_LINES))
+    for family in text_string_to_metric_families(read + "\n"):
         for sample in family.samples:
             if sample.name not in _READ:
                 continue
