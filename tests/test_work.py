@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import random
+from collections import Counter
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
@@ -12,6 +15,7 @@ from sessionfleet.api import InferenceWorkerSpec, InferenceWorkerStatus, Session
 from sessionfleet.controllers.config import OperatorConfig
 from sessionfleet.controllers.fleet import EngineStats, Fleet
 from sessionfleet.controllers.loads import WorkerLoads
+from sessionfleet.controllers.loop import due_sessions, repair
 from sessionfleet.controllers.records import WorkerRecord, worker_record
 from sessionfleet.controllers.work import Deadlines, WorkQueue, counter_interval
 from sessionfleet.policy.drain import DEFAULT_POLICY, PinnedSession, PolicyChoice
@@ -204,15 +208,19 @@ def test_worker_loads_follow_binds_moves_finishes_and_deletions() -> None:
     assert not loads.pinned and not loads.tokens
 
 
-def test_a_rebuild_counts_from_the_index_and_says_how_many_shares_were_wrong() -> None:
+def test_a_check_counts_a_session_as_the_index_shows_it_and_says_if_it_was_wrong() -> None:
     loads = WorkerLoads()
     loads.update(_session("a", "w1"))
     loads.update(_session("b", "w1"))  # a deletion of b was missed
-    index = [_session("a", "w1"), _session("c", "w2", 30)]  # c's bind was missed
-    assert loads.rebuild(index) == 2
+    index = {s.key: s for s in (_session("a", "w1"), _session("c", "w2", 30))}  # c's bind too
+    keys = [*index, *(loads.counted() - index.keys())]
+    assert [loads.check(key, index.get(key)) for key in keys] == [False, True, True]
     assert dict(loads.pinned) == {("ns", "w1"): 1, ("ns", "w2"): 1}
     assert loads.tokens[("ns", "w2")] == 30
-    assert loads.rebuild(index) == 0
+    assert not any(loads.check(key, index.get(key)) for key in keys)
+    finished = replace(index[("ns", "c")], phase=SessionPhase.FINISHED)
+    assert loads.check(("ns", "c"), finished)  # bound but no longer pinned: not counted
+    assert dict(loads.pinned) == {("ns", "w1"): 1}
 
 
 def _worker(name: str, namespace: str = "ns", **spec: object) -> WorkerRecord:
@@ -287,3 +295,70 @@ def test_the_policies_are_written_again_only_after_something_they_read_changed()
     assert not work.take(wall=0.0, mono=3.0).policies
     work.forget_worker(("ns", "gone"))  # a deleted worker leaves its policy's status
     assert work.take(wall=0.0, mono=4.0).policies
+
+
+def _full_fleet(sessions: int) -> Fleet:
+    """A fleet of one Ready worker and ``sessions`` Bound to it, as the watches left it."""
+    fleet = Fleet(config=OperatorConfig(), kube=None, http=None)  # type: ignore[arg-type]
+    record = _worker("w1", capacity={"maxSessions": sessions})
+    fleet.workers = {record.key: [record]}  # type: ignore[assignment]
+    for i in range(sessions):
+        state = replace(_session(f"s{i}", "w1"), epoch=1, bound_at=NOW)
+        fleet.sessions.put(state)
+        fleet.worker_loads.update(state)
+    return fleet
+
+
+async def _ticks_during(work: Callable[[], Awaitable[object]]) -> tuple[int, object]:
+    """Run ``work``; return how often another task ran meanwhile, and what it returned."""
+    ticks = 0
+    done = False
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while not done:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    task = asyncio.create_task(ticker())
+    await asyncio.sleep(0)
+    start = ticks
+    try:
+        result = await work()
+    finally:
+        done = True
+        await task
+    return ticks - start, result
+
+
+async def test_a_full_passs_repair_lets_events_in_and_puts_every_count_right() -> None:
+    fleet = _full_fleet(5000)
+    loads = fleet.worker_loads
+    loads.remove(("ns", "s1"))  # its bind's event was missed
+    loads.update(_session("gone", "w1"))  # its deletion's event was missed
+    fleet.work.session_deadlines.schedule(("ns", "gone"), 1.0)
+    ticks, _ = await _ticks_during(lambda: repair(fleet))
+    assert ticks >= 5  # once per 1,000 sessions, at least: binds go in between
+    assert loads.pinned[("ns", "w1")] == 5000 and loads.worker_of(("ns", "gone")) is None
+    assert len(fleet.work.session_deadlines) == 5000  # each live session's next check
+
+
+async def test_deciding_every_session_lets_events_in() -> None:
+    fleet = _full_fleet(5000)
+    stale = replace(_session("stale", "w1"), phase=SessionPhase.BOUND)  # no epoch yet
+    fleet.sessions.put(stale)
+    ticks, due = await _ticks_during(lambda: due_sessions(fleet, fleet.all_sessions(), NOW))
+    assert ticks >= 5
+    assert due == [stale]  # only the session with a step to take
+
+
+def test_the_gauges_counts_follow_every_session_event() -> None:
+    fleet = _full_fleet(3)
+    cache = fleet.sessions
+    cache.put(_session("new", None))
+    cache.put(replace(_session("s0", "w1"), recomputed_tokens=500))
+    cache.put(replace(_session("s1", "w1"), phase=SessionPhase.FINISHED, recomputed_tokens=70))
+    cache.drop(("ns", "s2"))
+    counted = Counter(s.phase.value if s.phase else "New" for s in cache.all())
+    assert +cache.phases == counted == Counter({"Bound": 1, "Finished": 1, "New": 1})
+    assert cache.recomputed_pinned == 500  # a finished session is no longer pinned

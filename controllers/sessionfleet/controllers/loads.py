@@ -11,7 +11,7 @@ changed (:class:`PlacementViews`).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, KeysView
 from dataclasses import dataclass, field
 
 from sessionfleet.api import WorkerPhase
@@ -69,20 +69,29 @@ class WorkerLoads:
             del self.tokens[worker]
         return worker
 
-    def rebuild(self, sessions: Iterable[SessionState]) -> int:
-        """Count every session again from the index; return how many shares were wrong.
+    def check(self, key: Key, session: SessionState | None) -> bool:
+        """Count one session as the index shows it now; return whether its share was wrong.
 
-        The full pass's safety net: a share can only go wrong if an event was missed.
+        ``session`` is None for one the index no longer has. The full pass's safety
+        net, one session at a time so that the pass can let events in between: a share
+        can only go wrong if an event was missed.
         """
-        before = dict(self._share)
-        self.pinned.clear()
-        self.tokens.clear()
-        self._share.clear()
-        for session in sessions:
-            if session.pinned:
-                self.update(session)
-        keys = before.keys() | self._share.keys()
-        return sum(1 for key in keys if before.get(key) != self._share.get(key))
+        right = (
+            ((session.namespace, session.worker), session.context_tokens)
+            if session is not None and session.worker is not None and session.pinned
+            else None
+        )
+        if self._share.get(key) == right:
+            return False
+        if session is None or right is None:
+            self.remove(key)
+        else:
+            self.update(session)
+        return True
+
+    def counted(self) -> KeysView[Key]:
+        """Return the sessions counted on a worker (a live view)."""
+        return self._share.keys()
 
 
 def placement_identity(record: WorkerRecord) -> tuple[str, bool, int, int] | None:

@@ -18,7 +18,6 @@ pods, nodes and the other kinds, hundreds at most, stay with kopf.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -40,9 +39,6 @@ from sessionfleet.kube.reflector import reflect
 from sessionfleet.policy.sessions import SessionState, next_check
 
 log = logging.getLogger(__name__)
-
-YIELD_EVERY = 1000
-"""Sessions of a listing handled between two yields to the event loop."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,11 +83,9 @@ async def follow(fleet: Fleet, source: Source, kube: Kube | None = None) -> None
             for key in fleet.sessions.keys_in(source.namespace) - listed.keys():
                 if source.serves(key[0]):
                     session_deleted(fleet, key)
-            for count, state in enumerate(listed.values(), 1):
+            async for state in loop.paced(listed.values()):
                 if fleet.sessions.get(state.key) is not state:
                     session_changed(fleet, state, bind_new=False)
-                if count % YIELD_EVERY == 0:
-                    await asyncio.sleep(0)
             del listed
             fleet.sessions.listed.add(source.namespace)
             log.info(
