@@ -14,6 +14,9 @@ and the operator's own functions timed on them, single-threaded:
   every pass of the fleet loop made before, against a marked pass's few hundred;
 * **marking**: what a session event costs in :class:`WorkQueue` and
   :class:`WorkerLoads`;
+* **a full pass's own work**: the repair of the per-worker counts and deadlines and
+  the decision of every session, run on the event loop as the operator runs them: CPU
+  in all, and the longest the event loop was held at once (what a bind waits behind);
 * **reading one engine's metrics**: a page shaped like vLLM's (20 histograms of 25
   buckets with ``_created`` lines, its counters and gauges: ~700 lines, 64 KB), read
   by the operator's scrape (only the lines it reads parsed) against prometheus_client's
@@ -25,6 +28,7 @@ and the operator's own functions timed on them, single-threaded:
 from __future__ import annotations
 
 import argparse
+import asyncio
 import itertools
 import json
 import statistics
@@ -44,7 +48,11 @@ if str(REPO) not in sys.path:
 from bench.scale.memory import NAMESPACE, WORKERS, agent_session  # noqa: E402
 from sessionfleet.controllers.config import OperatorConfig  # noqa: E402
 from sessionfleet.controllers.fleet import Fleet  # noqa: E402
-from sessionfleet.controllers.loop import parse_engine_metrics  # noqa: E402
+from sessionfleet.controllers.loop import (  # noqa: E402
+    due_sessions,
+    parse_engine_metrics,
+    repair,
+)
 from sessionfleet.controllers.records import session_record, worker_record  # noqa: E402
 from sessionfleet.controllers.sessions import next_step  # noqa: E402
 from sessionfleet.policy.placement import PlacementRequest, WorkerLoad, place  # noqa: E402
@@ -128,6 +136,37 @@ def read_metrics_whole(text: str) -> int:
     return sum(len(family.samples) for family in text_string_to_metric_families(text))
 
 
+def full_pass_holds(fleet: Fleet) -> dict[str, float]:
+    """CPU of a full pass's repair and decisions, and the longest hold of the event loop.
+
+    A probe task takes a turn between every two of the pass's yields; the CPU between
+    two of its turns is how long anything else waiting (a bind) was held.
+    """
+
+    async def run() -> dict[str, float]:
+        holds: list[float] = []
+        done = False
+
+        async def probe() -> None:
+            while not done:
+                started = time.process_time()
+                await asyncio.sleep(0)
+                holds.append(time.process_time() - started)
+
+        task = asyncio.create_task(probe())
+        await asyncio.sleep(0)
+        started = time.process_time()
+        await repair(fleet)
+        due = await due_sessions(fleet, fleet.all_sessions(), NOW)
+        spent = time.process_time() - started
+        done = True
+        await task
+        assert not due, "a settled fleet has nothing to do"
+        return {"cpu_ms": round(spent * 1000, 1), "longest_hold_ms": round(max(holds) * 1000, 1)}
+
+    return asyncio.run(run())
+
+
 def timed(work: Callable[[], object], repeat: int) -> dict[str, float]:
     """Milliseconds per call: median and best of ``repeat`` calls."""
     times = []
@@ -162,6 +201,7 @@ def measure(sessions: int, workers: int, marked: int) -> dict[str, Any]:
     return {
         "sessions": sessions,
         "workers": workers,
+        "full_pass_repair_and_decisions": full_pass_holds(fleet),
         "read_one_vllm_metrics_page": timed(lambda: parse_engine_metrics(page), 50),
         "read_one_vllm_metrics_page_whole": timed(lambda: read_metrics_whole(page), 10),
         "place_one_session": timed(bind_one, 50),
