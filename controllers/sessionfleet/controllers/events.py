@@ -4,9 +4,10 @@
 something calls it and goes on. Which notices become Events and which only count is
 :class:`sessionfleet.policy.events.Coalescer`'s decision; :meth:`EventRecorder.run`
 writes the new Events and the series updates of repeated ones, together at most
-``rate`` a second (``burst`` at once). Events are for people: one that cannot be written (the API
-server is away, this replica no longer leads, the queue is full) is counted in
-``sessionfleet_events_dropped_total`` and never retried at the cost of the fleet.
+``rate`` a second (``burst`` at once). Events are for people: one that cannot be
+written (the API server is away, this replica no longer leads, the queue is full) is
+counted in ``sessionfleet_events_dropped_total`` and never retried at the cost of the
+fleet.
 """
 
 from __future__ import annotations

@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 FULL: Final = Batch(full=True)
 GAUGE_SECONDS: Final = 5.0
-"""Session and worker gauges count every session: exported at most this often."""
+"""The session and worker gauges are exported at most this often."""
 SCRAPES_AT_ONCE: Final = 16
 """Engines scraped concurrently (see :func:`scrape_forever`)."""
 SESSIONS_BETWEEN_YIELDS: Final = 1000
