@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import random
 from dataclasses import replace
 
 import pytest
 
 from sessionfleet.api import Reason
-from sessionfleet.policy.placement import PlacementRequest, WorkerLoad, place
+from sessionfleet.policy.placement import RANK, PlacementRequest, WorkerLoad, place
 
 M = "qwen"
 
@@ -110,3 +111,33 @@ def test_a_workers_load_is_its_most_constrained_resource_and_follows_a_replace()
     moved = replace(w("a", 5), pinned_sessions=8)
     assert moved.load == 0.8  # worked out again, not copied
     assert moved == w("a", 8) and "load" not in repr(moved)
+
+
+def test_placing_from_workers_in_rank_order_chooses_as_looking_at_every_worker() -> None:
+    rng = random.Random(11)
+    for case in range(2000):
+        workers = [
+            WorkerLoad(
+                name=f"w{i}",
+                model=rng.choice([M, "other"]),
+                ready=rng.random() < 0.8,
+                pinned_sessions=rng.randrange(6),
+                max_sessions=rng.randrange(6),
+                kv_tokens_capacity=rng.choice([0, 1000]),
+                kv_tokens_pinned=rng.randrange(1000),
+                kv_usage=rng.choice([0.0, rng.random(), 1.0]),
+            )
+            for i in range(rng.randrange(8))
+        ]
+        names = [x.name for x in workers] or ["w0"]
+        request = PlacementRequest(
+            M,
+            pin=rng.choice([None] * 6 + names),
+            hint=rng.choice([None] * 3 + names),
+            parent_worker=rng.choice([None] * 3 + names),
+            expected_tokens=rng.randrange(400),
+            exclude=frozenset(rng.sample(names, rng.randrange(2))),
+        )
+        shuffled = rng.sample(workers, len(workers))
+        ranked = place(request, sorted(workers, key=RANK), ranked=True)
+        assert ranked == place(request, shuffled), f"case {case}: {request} {workers}"

@@ -9,6 +9,7 @@ from sessionfleet.api import SessionPhase
 from sessionfleet.controllers.config import OperatorConfig
 from sessionfleet.controllers.fleet import EngineStats, Fleet
 from sessionfleet.controllers.records import WorkerRecord, worker_record
+from sessionfleet.policy.placement import RANK
 from sessionfleet.policy.sessions import SessionState
 
 NAMESPACES = ("a", "b")
@@ -108,5 +109,7 @@ def test_the_kept_view_equals_one_built_anew_through_any_changes() -> None:
                 put_worker(fleet, worker(namespace, name, **change))
         elif action == 5 and step % 50 == 0:  # the full pass
             fleet.placement.drop()
-        kept = sorted(fleet.loads(namespace), key=lambda w: w.name)
+        view = fleet.loads(namespace)
+        assert view == sorted(view, key=RANK), f"step {step}: not in rank order"
+        kept = sorted(view, key=lambda w: w.name)
         assert kept == built_anew(fleet, namespace), f"step {step}"

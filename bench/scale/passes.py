@@ -193,7 +193,7 @@ def measure(sessions: int, workers: int, marked: int) -> dict[str, Any]:
         # As a bind does: place, then count the binding in flight (one worker touched).
         if view_anew:
             fleet.placement.drop()
-        placed = place(request, fleet.loads(NAMESPACE))
+        placed = place(request, fleet.loads(NAMESPACE), ranked=True)
         assert placed.worker is not None
         fleet.ledger.add((NAMESPACE, f"new-{next(binds)}"), placed.worker, 0)
 

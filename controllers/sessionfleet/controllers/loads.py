@@ -10,13 +10,14 @@ changed (:class:`PlacementViews`).
 
 from __future__ import annotations
 
+from bisect import bisect_left, insort
 from collections import Counter
 from collections.abc import Callable, KeysView
 from dataclasses import dataclass, field
 
 from sessionfleet.api import WorkerPhase
 from sessionfleet.controllers.records import Key, WorkerRecord
-from sessionfleet.policy.placement import WorkerLoad
+from sessionfleet.policy.placement import RANK, WorkerLoad
 from sessionfleet.policy.sessions import SessionState
 
 
@@ -112,7 +113,9 @@ def placement_identity(record: WorkerRecord) -> tuple[str, bool, int, int] | Non
 class PlacementViews:
     """Placement's view of each namespace's workers, kept between placements.
 
-    Building the view of 500 workers anew took most of a placement's time, and every
+    Kept in :data:`~sessionfleet.policy.placement.RANK` order: a placement takes the
+    first candidate with room, and a changed worker moves to its place in the order
+    (a bisection). Building the view of 500 workers anew took most of a placement's time, and every
     bind, and every pass's retry of a session waiting for room, placed one. A namespace's
     view is built once; then only the entries of workers named in :attr:`touched`
     (counts, bindings in flight or engine figures changed) are rebuilt, and a change of
@@ -123,7 +126,7 @@ class PlacementViews:
     touched: set[Key] = field(default_factory=set)
     """Workers whose entries are out of date (their namespace's view, if it is built)."""
     identities: dict[Key, tuple[str, bool, int, int] | None] = field(default_factory=dict)
-    _views: dict[str, tuple[list[WorkerLoad], dict[str, int]]] = field(default_factory=dict)
+    _views: dict[str, tuple[list[WorkerLoad], dict[str, WorkerLoad]]] = field(default_factory=dict)
 
     def worker_seen(self, key: Key, record: WorkerRecord | None) -> None:
         """Note a worker's event (``None``: deleted).
@@ -161,17 +164,20 @@ class PlacementViews:
         self.touched -= mine
         built = self._views.get(namespace)
         if built is not None:
-            loads, position = built
+            loads, by_name = built
             for key in mine:
-                index = position.get(key[1])
-                if index is None:
+                old = by_name.get(key[1])
+                if old is None:
                     continue  # not a worker placement sees (invalid): nothing to update
                 fresh = entry(key)
-                if fresh is None:  # gone from the index before its event came
-                    built = None
+                index = bisect_left(loads, RANK(old), key=RANK)
+                if fresh is None or index == len(loads) or loads[index] is not old:
+                    built = None  # gone from the index before its event came
                     break
-                loads[index] = fresh
+                del loads[index]
+                insort(loads, fresh, key=RANK)
+                by_name[key[1]] = fresh
         if built is None:
-            loads = build()
-            self._views[namespace] = (loads, {w.name: i for i, w in enumerate(loads)})
+            loads = sorted(build(), key=RANK)
+            self._views[namespace] = (loads, {w.name: w for w in loads})
         return loads

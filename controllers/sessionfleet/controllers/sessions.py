@@ -170,6 +170,7 @@ async def bind(fleet: Fleet, session: SessionState, now: datetime) -> None:
             expected_tokens=session.context_tokens,
         ),
         fleet.loads(session.namespace),
+        ranked=True,
     )
     if placement.worker is None:
         fleet.work.waiting.add(session.key)  # tried again on every pass until placed

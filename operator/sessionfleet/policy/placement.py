@@ -93,19 +93,35 @@ class Placement:
         return self.worker is not None
 
 
-_RANK = attrgetter("load", "pinned_sessions", "name")
+RANK = attrgetter("load", "pinned_sessions", "name")
 """Least loaded first; ties break on fewer pinned sessions, then on the name, so that
-every router replica and the operator make the same choice from the same observations."""
+every router replica and the operator make the same choice from the same observations.
+Every worker's rank differs (names do)."""
 
 
-def place(request: PlacementRequest, workers: Iterable[WorkerLoad]) -> Placement:
-    """Choose the worker for a new session, or say why there is none."""
+def place(
+    request: PlacementRequest, workers: Iterable[WorkerLoad], *, ranked: bool = False
+) -> Placement:
+    """Choose the worker for a new session, or say why there is none.
+
+    ``ranked``: the workers come in :data:`RANK` order, so without a pin, hint or parent
+    the first candidate with room is the choice, and the rest are not looked at (the
+    operator keeps its view of 500 workers in that order).
+    """
+    tokens = request.expected_tokens
+    if ranked and request.pin is None and request.hint is None and request.parent_worker is None:
+        seen = 0
+        for w in workers:
+            if w.ready and w.model == request.model and w.name not in request.exclude:
+                if w.has_room(tokens):
+                    return _least_loaded(w)
+                seen += 1
+        return _none_with_room(request, seen)
     candidates = {
         w.name: w
         for w in workers
         if w.ready and w.model == request.model and w.name not in request.exclude
     }
-    tokens = request.expected_tokens
 
     if request.pin is not None:
         pinned = candidates.get(request.pin)
@@ -122,14 +138,21 @@ def place(request: PlacementRequest, workers: Iterable[WorkerLoad]) -> Placement
         if chosen is not None and chosen.has_room(tokens):
             return Placement(chosen.name, Reason.BOUND, f"placed on the {why} worker {chosen.name}")
 
-    if not candidates:
-        return Placement(None, Reason.NO_READY_WORKER, f"no Ready worker serves {request.model}")
     with_room = [w for w in candidates.values() if w.has_room(tokens)]
     if not with_room:
-        return Placement(
-            None,
-            Reason.NO_CAPACITY,
-            f"all {len(candidates)} Ready {request.model} workers are at capacity",
-        )
-    best = min(with_room, key=_RANK)
+        return _none_with_room(request, len(candidates))
+    return _least_loaded(min(with_room, key=RANK))
+
+
+def _least_loaded(best: WorkerLoad) -> Placement:
     return Placement(best.name, Reason.BOUND, f"placed on the least-loaded worker {best.name}")
+
+
+def _none_with_room(request: PlacementRequest, candidates: int) -> Placement:
+    if not candidates:
+        return Placement(None, Reason.NO_READY_WORKER, f"no Ready worker serves {request.model}")
+    return Placement(
+        None,
+        Reason.NO_CAPACITY,
+        f"all {candidates} Ready {request.model} workers are at capacity",
+    )
