@@ -117,7 +117,7 @@ def test_engine_metrics_are_read_from_a_whole_vllm_page_with_two_engines() -> No
         "vllm:num_requests_running": (Gauge, 2.0),
         "vllm:num_requests_waiting": (Gauge, 1.0),
         "vllm:num_requests_waiting_by_reason": (Gauge, 50.0),  # not waiting's figure
-        "vllm:kv_cache_usage_perc": (Gauge, 0.25),  # read, summed over engines as before
+        "vllm:kv_cache_usage_perc": (Gauge, 0.25),
         "vllm:prefix_cache_queries": (Counter, 500.0),
         "vllm:prefix_cache_hits": (Counter, 400.0),
         "vllm:external_prefix_cache_hits": (Counter, 999.0),
@@ -133,10 +133,11 @@ def test_engine_metrics_are_read_from_a_whole_vllm_page_with_two_engines() -> No
     assert page.count("\n") > 60 and "_created" in page
 
     stats = parse_engine_metrics(page)
-    # Both engines of the worker are summed, as before; look-alike names are not read.
+    # Both engines' counts add up, their KV caches' usage is the mean; look-alike names
+    # are not read.
     assert (stats.running, stats.waiting) == (4, 2)
     assert (stats.prefix_queries, stats.prefix_hits) == (1000.0, 800.0)
-    assert stats.kv_usage is not None and stats.ignored == ()
+    assert stats.kv_usage == 0.25 and stats.ignored == ()
 
 
 def test_deprecated_metric_names_alone_give_no_figures() -> None:

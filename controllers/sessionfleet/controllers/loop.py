@@ -16,6 +16,7 @@ import functools
 import logging
 import math
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any, Final, TypeVar
@@ -346,6 +347,7 @@ def parse_engine_metrics(text: str) -> EngineStats:
     a third of a core for 500 workers scraped every 15 seconds.
     """
     values: dict[str, float] = {}
+    samples: Counter[str] = Counter()
     ignored: set[str] = set()
     read = "\n".join(line for line in text.splitlines() if line.startswith(_READ_LINES))
     for family in text_string_to_metric_families(read + "\n"):
@@ -357,12 +359,17 @@ def parse_engine_metrics(text: str) -> EngineStats:
                 ignored.add(sample.name)
                 continue
             values[sample.name] = values.get(sample.name, 0.0) + value
+            samples[sample.name] += 1
     for name in ignored:
         values.pop(name, None)
 
     running = values.get(vllm.NUM_REQUESTS_RUNNING)
     waiting = values.get(vllm.NUM_REQUESTS_WAITING)
     kv_usage = values.get(vllm.KV_CACHE_USAGE_PERC)
+    if kv_usage is not None:
+        # Counts add up over a worker's engines (data parallel: one sample each); each
+        # engine has a KV cache of its own, so the worker's usage is their mean.
+        kv_usage /= samples[vllm.KV_CACHE_USAGE_PERC]
     return EngineStats(
         kv_usage=min(max(kv_usage, 0.0), 1.0) if kv_usage is not None else None,
         prefix_hits=_non_negative(values.get(_HITS)),
