@@ -400,7 +400,15 @@ async def drain_and_fail(fleet: Fleet, args: argparse.Namespace) -> dict[str, An
     names = sorted(fleet.workers.status)
     drained, failed = names[: args.drain], names[args.drain : args.drain + args.fail]
     await asyncio.sleep(args.churn_seconds / 6)
-    pinned = {n: int(fleet.workers.status[n].get("pinnedSessions") or 0) for n in drained}
+    # Counted from this benchmark's own watch of the sessions: a worker's status counts
+    # are written at most every workers / --counter-writes seconds (25 s at 500).
+    tracker = fleet.tracker
+    on = Counter(
+        worker
+        for name, worker in tracker.worker.items()
+        if name not in tracker.finished and name not in tracker.deleted
+    )
+    pinned = {n: on[n] for n in drained}
     drain_start = time.monotonic()
     for name in drained:
         await fleet.kube.patch(WORKERS, name, {"spec": {"drain": True}}, NAMESPACE)
