@@ -39,6 +39,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 REPO = Path(__file__).resolve().parents[2]
@@ -114,8 +115,6 @@ def loads_counted_from_the_index(fleet: Fleet, namespace: str) -> list[WorkerLoa
 
 def vllm_metrics_page() -> str:
     """A /metrics page shaped like vLLM's: many histograms, a few figures the operator reads."""
-    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-
     registry = CollectorRegistry()
     labels = ("model_name", "engine")
     model = ("Qwen/Qwen3-Coder-30B-A3B-Instruct", "0")
