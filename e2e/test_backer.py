@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx
 import pytest
+from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from e2e.helpers import gpu_pod, wait_until
@@ -18,6 +19,8 @@ from e2e.localcluster import KWOK_CUSTOM_STATUS_ANNOTATION, LocalCluster, contai
 pytestmark = pytest.mark.timeout(90)
 
 HTTP_PORT = 8000
+_LOOP_SECONDS = 1.0
+"""Longer than the backer takes to notice an exited process (it looks every 0.1 s)."""
 
 
 def _http_server_pod(name: str) -> dict[str, Any]:
@@ -193,3 +196,52 @@ def test_a_running_pod_marked_not_ready_by_someone_else_is_ready_again(
     )
     after = _wait_ready(core, api, namespace, "blip")
     assert container_id_pid(after) == container_id_pid(before)  # the same process, not a new one
+
+
+@pytest.mark.timeout(240)  # a control plane of its own to start, and its API server's restart
+def test_the_backer_outlives_an_api_server_outage_and_then_writes_what_happened(
+    private_cluster: LocalCluster,
+) -> None:
+    """A kubelet's processes run on while the API server is away, and it reports what
+    happened meanwhile once the server is back. The backer crashed instead on its
+    first write into the outage (a connection refused), taking every backed process
+    with it: the engines of a chaos test that restarted the API server just as
+    another test's pod was being handed back."""
+    api = private_cluster.api_client()
+    core = client.CoreV1Api(api)
+    namespace = "backer-outage"
+    core.create_namespace({"metadata": {"name": namespace}})
+    try:
+        wait_until(
+            lambda: core.read_namespaced_service_account("default", namespace),
+            timeout=30,
+            what="the namespace's default ServiceAccount",
+        )
+        for name in ("dies", "lives"):
+            core.create_namespaced_pod(namespace, _http_server_pod(name))
+        dies = container_id_pid(_wait_ready(core, api, namespace, "dies"))
+        lives = container_id_pid(_wait_ready(core, api, namespace, "lives"))
+        assert dies is not None and lives is not None
+
+        private_cluster.kill("kube-apiserver")
+        os.kill(dies, signal.SIGKILL)  # its status cannot be written now
+        wait_until(lambda: not _pid_alive(dies), timeout=10, what="the killed process gone")
+        time.sleep(2 * _LOOP_SECONDS)  # the backer has noticed, and failed to write it
+        private_cluster.restart("kube-apiserver")
+
+        assert private_cluster.health()["pod-backer"], "the pod backer died in the outage"
+        assert _pid_alive(lives), "a backed process was stopped by the outage"
+
+        def failed() -> dict[str, Any] | None:
+            pod: dict[str, Any] = api.sanitize_for_serialization(
+                core.read_namespaced_pod("dies", namespace)
+            )
+            return pod if pod["status"]["phase"] == "Failed" else None
+
+        pod = wait_until(failed, timeout=30, what="the exit written once the server is back")
+        terminated = pod["status"]["containerStatuses"][0]["state"]["terminated"]
+        assert terminated["exitCode"] == 128 + signal.SIGKILL
+        assert _wait_ready(core, api, namespace, "lives")
+    finally:
+        core.delete_namespace(namespace)
+        api.close()

@@ -23,7 +23,10 @@ KWOK makes pods Running without running anything. For a pod labelled
   (at most 30 s);
 * once the process is gone the pod is handed back to KWOK (annotation removed): KWOK
   finishes a pending deletion, as a kubelet confirms one, and recycles the pod IP
-  when the pod is deleted. No KWOK stage matches a Failed pod, so its status stays.
+  when the pod is deleted. No KWOK stage matches a Failed pod, so its status stays;
+* while the API server is away (stopped, restarting, not ready yet) the processes run
+  on, as under a kubelet, and what the backer could not write it writes once the
+  server answers again, in the order it happened.
 
 It runs as its own process, started by the cluster harness next to KWOK, rather than
 as a thread of the test process: a cluster started by ``make cluster-up`` serves
@@ -53,7 +56,8 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections import deque
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -79,6 +83,8 @@ _MAX_GRACE_SECONDS = 30.0
 _HAND_BACK_TIMEOUT = 10.0
 _PROBE_INTERVAL = 0.25
 _LOOP_TICK = 0.1
+_RETRY_SECONDS = 1.0
+"""How long writes wait for an API server that did not answer before the next try."""
 
 logger = logging.getLogger("pod-backer")
 
@@ -88,6 +94,20 @@ Pod = dict[str, Any]
 def _now() -> str:
     """RFC 3339 UTC timestamp with second precision, as the API server stores them."""
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def api_away(error: BaseException) -> bool:
+    """Whether a request failed because the API server is away, not because of the request.
+
+    Refused or broken connections, and the answers of a server that is starting or
+    stopping (429 "storage is (re)initializing", 5xx): the same write may go through later.
+    """
+    from kubernetes.client.exceptions import ApiException
+    from urllib3.exceptions import HTTPError
+
+    if isinstance(error, ApiException):
+        return not error.status or error.status == 429 or error.status >= 500
+    return isinstance(error, HTTPError | OSError)
 
 
 def container_id_pid(pod: Mapping[str, Any]) -> int | None:
@@ -137,6 +157,9 @@ class PodBacker:
         self._layout = Layout(state_dir)
         self._events: queue.Queue[tuple[str, Any]] = queue.Queue()
         self._pods: dict[str, BackedPod] = {}
+        self._unwritten: deque[tuple[str, Callable[[], None]]] = deque()
+        """Writes the API server did not take, oldest first: written once it is back."""
+        self._retry_at = 0.0
         self._stop = threading.Event()
         self._path = os.pathsep.join(
             [sysconfig.get_path("scripts"), os.environ.get("PATH", "/usr/bin:/bin")]
@@ -156,7 +179,11 @@ class PodBacker:
                     pass
                 else:
                     self._dispatch(kind, payload)
-                self._tick()
+                try:
+                    self._write_unwritten()
+                    self._tick()
+                except Exception:  # a kubelet outlives any one failure
+                    logger.exception("tick failed")
         finally:
             self._shutdown()
 
@@ -326,12 +353,21 @@ class PodBacker:
         backed = BackedPod(namespace, name, uid, container["name"], None, _now())
         self._pods[uid] = backed
         # From here on KWOK leaves this pod's status to us.
-        self._patch_metadata(
-            backed,
-            {"annotations": {KWOK_CUSTOM_STATUS_ANNOTATION[0]: KWOK_CUSTOM_STATUS_ANNOTATION[1]}},
+        take_over = {KWOK_CUSTOM_STATUS_ANNOTATION[0]: KWOK_CUSTOM_STATUS_ANNOTATION[1]}
+        self._write(
+            f"{backed.key}: take over its status",
+            lambda: self._patch_metadata(backed, {"annotations": take_over}),
         )
         try:
-            variables = container_env(pod, container, self._resolve_ref)
+            try:
+                variables = container_env(pod, container, self._resolve_ref)
+            except Exception as error:
+                if not api_away(error):
+                    raise
+                # Started from the next listing, which follows the watch's reconnection.
+                logger.warning("%s: not started, the API server is away: %r", backed.key, error)
+                self._pods.pop(uid, None)
+                return
             argv, added_env = self._argv(pod, container, variables)
             backed.probe = readiness_probe(pod, container)
             executable = argv[0] if "/" in argv[0] else shutil.which(argv[0], path=self._path)
@@ -479,7 +515,12 @@ class PodBacker:
         if backed.handed_back_at is not None:
             return
         backed.handed_back_at = time.monotonic()
-        self._patch_metadata(backed, {"annotations": {KWOK_CUSTOM_STATUS_ANNOTATION[0]: None}})
+        self._write(
+            f"{backed.key}: hand back",
+            lambda: self._patch_metadata(
+                backed, {"annotations": {KWOK_CUSTOM_STATUS_ANNOTATION[0]: None}}
+            ),
+        )
 
     def _delete_if_stuck(self, backed: BackedPod, now: float) -> None:
         """Remove the pod ourselves if KWOK has not finished its deletion in time."""
@@ -492,17 +533,25 @@ class PodBacker:
 
         backed.force_deleted = True
         logger.warning("%s: KWOK did not remove the pod; deleting it now", backed.key)
-        try:
-            client.CoreV1Api(self._api).delete_namespaced_pod(
-                backed.name,
-                backed.namespace,
-                body=client.V1DeleteOptions(
-                    grace_period_seconds=0, preconditions=client.V1Preconditions(uid=backed.uid)
-                ),
-            )
-        except ApiException as error:
-            if error.status not in (404, 409):
+
+        def delete() -> None:
+            try:
+                client.CoreV1Api(self._api).delete_namespaced_pod(
+                    backed.name,
+                    backed.namespace,
+                    body=client.V1DeleteOptions(
+                        grace_period_seconds=0,
+                        preconditions=client.V1Preconditions(uid=backed.uid),
+                    ),
+                )
+            except ApiException as error:
+                if error.status in (404, 409):
+                    return
+                if api_away(error):
+                    raise
                 logger.warning("%s: removing the pod failed: %s", backed.key, error)
+
+        self._write(f"{backed.key}: delete", delete)
 
     # ---------------------------------------------------------------- status
 
@@ -538,12 +587,15 @@ class PodBacker:
 
     def _write_running(self, backed: BackedPod, pod: Pod | None) -> None:
         state = {"running": {"startedAt": backed.started_at}}
-        self._patch_status(
-            backed,
-            {
-                "containerStatuses": self._container_statuses(backed, pod, state, backed.ready),
-                "conditions": self._conditions(backed.ready),
-            },
+        self._write(
+            f"{backed.key}: Running, ready {backed.ready}",
+            lambda: self._patch_status(
+                backed,
+                {
+                    "containerStatuses": self._container_statuses(backed, pod, state, backed.ready),
+                    "conditions": self._conditions(backed.ready),
+                },
+            ),
         )
 
     def _write_terminated(
@@ -559,15 +611,54 @@ class PodBacker:
             terminated["message"] = message
         if backed.process is not None:
             terminated["containerID"] = f"{CONTAINER_ID_PREFIX}{backed.process.pid}"
-        statuses = self._container_statuses(backed, pod, {"terminated": terminated}, False)
-        self._patch_status(
-            backed,
-            {
-                "phase": "Succeeded" if exit_code == 0 else "Failed",
-                "containerStatuses": statuses,
-                "conditions": self._conditions(False),
-            },
+        self._write(
+            f"{backed.key}: terminated, exit code {exit_code}",
+            lambda: self._patch_status(
+                backed,
+                {
+                    "phase": "Succeeded" if exit_code == 0 else "Failed",
+                    "containerStatuses": self._container_statuses(
+                        backed, pod, {"terminated": terminated}, False
+                    ),
+                    "conditions": self._conditions(False),
+                },
+            ),
         )
+
+    def _write(self, what: str, write: Callable[[], None]) -> None:
+        """Make one write to the API server now, or once it is back if it is away.
+
+        Writes wait in the order they were made, so that a pod's status goes through
+        the same states as its process did (Running, then terminated); while one waits,
+        every later one waits behind it.
+        """
+        if not self._unwritten:
+            try:
+                write()
+                return
+            except Exception as error:
+                if not api_away(error):
+                    raise
+                logger.warning("the API server is away (%r); writes wait for it", error)
+                self._retry_at = time.monotonic() + _RETRY_SECONDS
+        self._unwritten.append((what, write))
+
+    def _write_unwritten(self) -> None:
+        """Write what waited for the API server, oldest first, until one fails again."""
+        if not self._unwritten or time.monotonic() < self._retry_at:
+            return
+        while self._unwritten:
+            what, write = self._unwritten[0]
+            try:
+                write()
+            except Exception as error:
+                if api_away(error):
+                    self._retry_at = time.monotonic() + _RETRY_SECONDS
+                    return
+                logger.exception("%s: not written", what)
+            else:
+                logger.info("%s: written now that the API server is back", what)
+            self._unwritten.popleft()
 
     def _read_pod(self, backed: BackedPod) -> Pod | None:
         from kubernetes import client
@@ -596,8 +687,11 @@ class PodBacker:
                 _content_type="application/strategic-merge-patch+json",
             )
         except ApiException as error:
-            if error.status not in (404, 409):
-                logger.warning("%s: status patch failed: %s", backed.key, error)
+            if error.status in (404, 409):
+                return
+            if api_away(error):
+                raise
+            logger.warning("%s: status patch failed: %s", backed.key, error)
 
     def _patch_metadata(self, backed: BackedPod, metadata: dict[str, Any]) -> None:
         from kubernetes import client
@@ -612,8 +706,11 @@ class PodBacker:
                 _content_type="application/strategic-merge-patch+json",
             )
         except ApiException as error:
-            if error.status not in (404, 409):
-                logger.warning("%s: metadata patch failed: %s", backed.key, error)
+            if error.status in (404, 409):
+                return
+            if api_away(error):
+                raise
+            logger.warning("%s: metadata patch failed: %s", backed.key, error)
 
     # ------------------------------------------------------------- processes
 
