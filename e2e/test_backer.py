@@ -52,6 +52,18 @@ def _wait_ready(core: Any, api: Any, namespace: str, name: str) -> dict[str, Any
     return wait_until(ready, timeout=30, what=f"backed pod {name} Ready")
 
 
+def _wait_failed(
+    core: Any, api: Any, namespace: str, name: str, *, timeout: float, what: str
+) -> dict[str, Any]:
+    def failed() -> dict[str, Any] | None:
+        pod: dict[str, Any] = api.sanitize_for_serialization(
+            core.read_namespaced_pod(name, namespace)
+        )
+        return pod if pod["status"]["phase"] == "Failed" else None
+
+    return wait_until(failed, timeout=timeout, what=what)
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -76,13 +88,9 @@ def test_backed_pod_answers_http_at_its_pod_ip_and_fails_when_its_process_dies(
     assert pid is not None and _pid_alive(pid)
     os.kill(pid, signal.SIGKILL)
 
-    def failed() -> dict[str, Any] | None:
-        current: dict[str, Any] = api.sanitize_for_serialization(
-            core.read_namespaced_pod("web", namespace)
-        )
-        return current if current["status"]["phase"] == "Failed" else None
-
-    pod = wait_until(failed, timeout=15, what="pod web Failed after its process was killed")
+    pod = _wait_failed(
+        core, api, namespace, "web", timeout=15, what="pod web Failed after its process was killed"
+    )
     terminated = pod["status"]["containerStatuses"][0]["state"]["terminated"]
     assert terminated["exitCode"] == 128 + signal.SIGKILL
     assert terminated["reason"] == "Error"
@@ -208,7 +216,7 @@ def test_the_backer_outlives_an_api_server_outage_and_then_writes_what_happened(
     with it: the engines of a chaos test that restarted the API server just as
     another test's pod was being handed back."""
     api = private_cluster.api_client()
-    core = client.CoreV1Api(api)
+    core: Any = client.CoreV1Api(api)
     namespace = "backer-outage"
     core.create_namespace({"metadata": {"name": namespace}})
     try:
@@ -232,13 +240,9 @@ def test_the_backer_outlives_an_api_server_outage_and_then_writes_what_happened(
         assert private_cluster.health()["pod-backer"], "the pod backer died in the outage"
         assert _pid_alive(lives), "a backed process was stopped by the outage"
 
-        def failed() -> dict[str, Any] | None:
-            pod: dict[str, Any] = api.sanitize_for_serialization(
-                core.read_namespaced_pod("dies", namespace)
-            )
-            return pod if pod["status"]["phase"] == "Failed" else None
-
-        pod = wait_until(failed, timeout=30, what="the exit written once the server is back")
+        pod = _wait_failed(
+            core, api, namespace, "dies", timeout=30, what="the exit written once it is back"
+        )
         terminated = pod["status"]["containerStatuses"][0]["state"]["terminated"]
         assert terminated["exitCode"] == 128 + signal.SIGKILL
         assert _wait_ready(core, api, namespace, "lives")

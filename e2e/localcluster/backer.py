@@ -359,15 +359,7 @@ class PodBacker:
             lambda: self._patch_metadata(backed, {"annotations": take_over}),
         )
         try:
-            try:
-                variables = container_env(pod, container, self._resolve_ref)
-            except Exception as error:
-                if not api_away(error):
-                    raise
-                # Started from the next listing, which follows the watch's reconnection.
-                logger.warning("%s: not started, the API server is away: %r", backed.key, error)
-                self._pods.pop(uid, None)
-                return
+            variables = container_env(pod, container, self._resolve_ref)
             argv, added_env = self._argv(pod, container, variables)
             backed.probe = readiness_probe(pod, container)
             executable = argv[0] if "/" in argv[0] else shutil.which(argv[0], path=self._path)
@@ -378,6 +370,13 @@ class PodBacker:
             backed.finished = True
             self._write_terminated(backed, pod, 128, "StartError", str(error))
             self._hand_back(backed)
+            return
+        except Exception as error:
+            if not api_away(error):  # reading a ConfigMap or Secret of its env
+                raise
+            # Started from the next listing, which follows the watch's reconnection.
+            logger.warning("%s: not started, the API server is away: %r", backed.key, error)
+            self._pods.pop(uid, None)
             return
 
         pod_dir = self._layout.pods_dir / namespace / name

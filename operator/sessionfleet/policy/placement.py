@@ -112,16 +112,12 @@ def place(
     if ranked and request.pin is None and request.hint is None and request.parent_worker is None:
         seen = 0
         for w in workers:
-            if w.ready and w.model == request.model and w.name not in request.exclude:
+            if _serves(w, request):
                 if w.has_room(tokens):
                     return _least_loaded(w)
                 seen += 1
         return _none_with_room(request, seen)
-    candidates = {
-        w.name: w
-        for w in workers
-        if w.ready and w.model == request.model and w.name not in request.exclude
-    }
+    candidates = {w.name: w for w in workers if _serves(w, request)}
 
     if request.pin is not None:
         pinned = candidates.get(request.pin)
@@ -142,6 +138,11 @@ def place(
     if not with_room:
         return _none_with_room(request, len(candidates))
     return _least_loaded(min(with_room, key=RANK))
+
+
+def _serves(worker: WorkerLoad, request: PlacementRequest) -> bool:
+    """Whether the worker is a candidate at all: Ready, the model, not excluded."""
+    return worker.ready and worker.model == request.model and worker.name not in request.exclude
 
 
 def _least_loaded(best: WorkerLoad) -> Placement:
