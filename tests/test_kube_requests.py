@@ -7,6 +7,7 @@ against an aiohttp server, and against the real API server throughout e2e/.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -157,3 +158,51 @@ def test_the_environment_names_the_proxy_and_no_proxy_bypasses_it(
     assert environment_proxy("https://127.0.0.1:6443") is None
     assert environment_proxy("https://kubernetes.default.svc") is None
     assert environment_proxy("https://api.example.com:6443") == "http://proxy.corp:3128"
+
+
+async def test_requests_beyond_the_limit_wait_their_turn_and_watches_never_wait_behind_them() -> (
+    None
+):
+    """At most ``max_in_flight`` requests are open at the server; watches have a pool apart."""
+    open_now = 0
+    most_open = 0
+    release = asyncio.Event()
+
+    async def slow_get(request: web.Request) -> web.Response:
+        nonlocal open_now, most_open
+        open_now += 1
+        most_open = max(most_open, open_now)
+        await release.wait()
+        open_now -= 1
+        return web.json_response({"metadata": {"name": request.match_info["name"]}})
+
+    async def watch(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse()
+        await response.prepare(request)
+        event = {"type": "ADDED", "object": {"metadata": {"name": "w"}}}
+        await response.write(json.dumps(event).encode() + b"\n")
+        await asyncio.sleep(30)  # a watch stays open
+        return response
+
+    app = web.Application()
+    app.router.add_get(PODS.path("ns") + "/{name}", slow_get)
+    app.router.add_get(SESSIONS.path("ns"), watch)
+    test_server = TestServer(app, host="127.0.0.1")
+    await test_server.start_server()
+    try:
+        async with client(test_server, max_in_flight=3) as kube:
+            watches = [kube.watch(SESSIONS, "ns") for _ in range(5)]
+            for events in watches:  # five watches open: more than the requests' limit
+                event = await asyncio.wait_for(anext(events), 5)
+                assert event == ("ADDED", {"metadata": {"name": "w"}})
+            gets = [asyncio.create_task(kube.get(PODS, f"p{i}", "ns")) for i in range(12)]
+            await asyncio.sleep(0.3)
+            assert (open_now, most_open) == (3, 3)
+            release.set()
+            answers = await asyncio.wait_for(asyncio.gather(*gets), 10)
+            assert [a["metadata"]["name"] for a in answers] == [f"p{i}" for i in range(12)]
+            assert most_open == 3
+            for events in watches:
+                await events.aclose()
+    finally:
+        await test_server.close()

@@ -8,6 +8,7 @@ event loop: kopf handlers and the router call it directly.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import ssl
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -29,6 +30,8 @@ _CONTENT_TYPES: dict[PatchType, str] = {
     "apply": "application/apply-patch+yaml",
 }
 FIELD_MANAGER = "sessionfleet"
+MAX_IN_FLIGHT = 16
+"""Requests open at once per client: enough for 200 writes a second at 80 ms each."""
 
 
 def environment_proxy(server: str) -> str | None:
@@ -68,12 +71,15 @@ class Kube:
         user_agent: str = "sessionfleet",
         write_gate: Callable[[], bool] | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
+        max_in_flight: int = MAX_IN_FLIGHT,
     ) -> None:
         """Bind a client to ``config``.
 
         ``write_gate``, when given, is asked before every request but a GET: while it
         answers false the request is refused with :class:`NotLeading`, unsent.
-        ``transport`` replaces the connection pool (a benchmark's in-process server).
+        ``transport`` replaces both connection pools (a benchmark's in-process server).
+        At most ``max_in_flight`` requests (watches aside) are open at once; the others
+        wait their turn, first come first served.
         """
         self.config = config
         self.field_manager = field_manager
@@ -86,10 +92,28 @@ class Kube:
             "Accept": "application/json",
             "Accept-Encoding": "gzip, deflate",
         }
+        verify = _ssl_context(config)
+        proxy = environment_proxy(config.server)
+        # Requests wait for a turn here, not in the connection pool: httpcore's pool
+        # matches every queued request against every connection on each request and
+        # response, and asks every idle connection's socket whether it is still open
+        # (a few system calls each). With 64 connections, kept open after an API
+        # server's slow spell, that was a quarter of the operator's CPU while binding
+        # (bench/README.md, "Scale"). A short queue of our own keeps it constant.
+        self._turns = asyncio.Semaphore(max_in_flight)
         self._transport = transport or httpx.AsyncHTTPTransport(
-            verify=_ssl_context(config),
-            proxy=environment_proxy(config.server),
-            limits=httpx.Limits(max_connections=64, max_keepalive_connections=32),
+            verify=verify,
+            proxy=proxy,
+            limits=httpx.Limits(
+                max_connections=max_in_flight, max_keepalive_connections=max_in_flight
+            ),
+        )
+        # A watch holds its connection for minutes: a pool of its own, so that watches
+        # never take the requests' connections nor wait behind them.
+        self._watch_transport = transport or httpx.AsyncHTTPTransport(
+            verify=verify,
+            proxy=proxy,
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=8),
         )
         # Requests go to the connection pool directly; only watches stream through the
         # client. A client's own work per request (merging the URL with its base and
@@ -97,7 +121,7 @@ class Kube:
         # a request's CPU in the operator's profile, and an API server needs none of it.
         self._http = httpx.AsyncClient(
             base_url=config.server,
-            transport=self._transport,
+            transport=self._watch_transport,
             timeout=self._timeout,
             headers=self._base_headers,
         )
@@ -109,8 +133,10 @@ class Kube:
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Close the connection pool."""
-        await self._http.aclose()
+        """Close the connection pools."""
+        await self._http.aclose()  # and the watches' pool
+        if self._transport is not self._watch_transport:
+            await self._transport.aclose()
 
     def _headers(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
         headers = {**self._base_headers, **(extra or {})}
@@ -142,11 +168,12 @@ class Kube:
             extensions={"timeout": self._request_timeout},
         )
         try:
-            response = await self._transport.handle_async_request(request)
-            try:
-                await response.aread()
-            finally:
-                await response.aclose()
+            async with self._turns:
+                response = await self._transport.handle_async_request(request)
+                try:
+                    await response.aread()
+                finally:
+                    await response.aclose()
         except httpx.HTTPError as error:
             raise ApiUnavailable(0, f"{method} {path}: {error!r}") from error
         payload: dict[str, Any] = {}
