@@ -134,6 +134,14 @@ BENCH_BIND_ARGS ?=
 bench-bind-cpu: $(STAMP)
 	$(PY) bench/scale/bindcpu.py --out build/bench-bind-cpu.json $(BENCH_BIND_ARGS)
 
+# The API client's CPU per request, its own connections against httpx's pool, on a local
+# server with a set latency (bench/README.md, "Scale: CPU per bind"; no cluster, ~40 s).
+# BENCH_REQUESTS_ARGS="--delay 0.1 --rate 300".
+.PHONY: bench-requests
+BENCH_REQUESTS_ARGS ?=
+bench-requests: $(STAMP)
+	$(PY) bench/scale/requests.py --out build/bench-requests.json $(BENCH_REQUESTS_ARGS)
+
 # py-spy, for the benchmarks' --profile (bench/profiler.py); not needed by the tests.
 .PHONY: profile-tools
 profile-tools: $(STAMP)

@@ -2,17 +2,18 @@
 
 No cluster, so nothing else on the machine's two cores is counted: the operator's
 AgentSession path run as it runs in the process, with every request answered by an
-in-process transport (httpx's ``MockTransport``) instead of the API server:
+in-process connection (``ApiServer.connect``) instead of the API server:
 
 1. a new session's ADDED event, parsed from its JSON line, goes through
    ``sessionwatch.session_changed`` (records, counts, marks, the bind task);
 2. the bind: placement over ``--workers`` Ready workers, the status PATCH through the
-   operator's real API client (httpx, its JSON both ways), answered with the object;
+   operator's real API client (httpcore's request, its JSON both ways), answered with
+   the object;
 3. that answer comes back as the MODIFIED event, parsed and handled the same way;
 4. every ``--pass-every`` binds, a marked pass of the fleet loop over the marked
    sessions (as the loop runs ~every 50 ms during a burst).
 
-What it leaves out, and why: TLS and the socket (the transport is in process), kopf's
+What it leaves out, and why: TLS, HTTP and the socket (the connection is in process), kopf's
 events for workers (a worker's counters are written at most once per 5 s, so at
 most ``workers / 5`` writes a second however fast sessions bind), and engine scrapes.
 It reports CPU seconds per bind (``time.process_time``), the best of ``--repeat``
@@ -31,10 +32,11 @@ import json
 import pstats
 import sys
 import time
+from collections.abc import AsyncIterable
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpcore
 
 REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
@@ -68,17 +70,43 @@ class ApiServer:
         self.version = 10_000_000
         self.requests = 0
 
-    def answer(self, request: httpx.Request) -> httpx.Response:
+    def connect(self, origin: httpcore.Origin) -> InProcess:
+        """Stand in for a connection to the API server (``Kube(connect=...)``)."""
+        return InProcess(self)
+
+    def answer(self, request: httpcore.Request, content: bytes) -> httpcore.Response:
         self.requests += 1
-        if request.method != "PATCH" or "/agentsessions/" not in request.url.path:
-            return httpx.Response(200, json={})
-        name = request.url.path.split("/agentsessions/")[1].split("/")[0]
-        patch = json.loads(request.content)
+        path = request.url.target.decode().split("?")[0]
+        if request.method != b"PATCH" or "/agentsessions/" not in path:
+            return httpcore.Response(200, content=b"{}")
+        name = path.split("/agentsessions/")[1].split("/")[0]
+        patch = json.loads(content)
         obj = self.objects[name]
         obj["status"] = {**(obj.get("status") or {}), **patch.get("status", {})}
         self.version += 1
         obj["metadata"]["resourceVersion"] = str(self.version)
-        return httpx.Response(200, content=json.dumps(obj).encode())
+        return httpcore.Response(200, content=json.dumps(obj).encode())
+
+
+class InProcess:
+    """A connection whose every request ``ApiServer.answer`` answers at once."""
+
+    def __init__(self, server: ApiServer) -> None:
+        self.server = server
+
+    async def handle_async_request(self, request: httpcore.Request) -> httpcore.Response:
+        assert isinstance(request.stream, AsyncIterable)
+        content = b"".join([chunk async for chunk in request.stream])
+        return self.server.answer(request, content)
+
+    def is_idle(self) -> bool:
+        return True
+
+    def has_expired(self) -> bool:
+        return False
+
+    async def aclose(self) -> None:
+        return None
 
 
 async def run(binds: int, workers: int, live: int, pass_every: int) -> dict[str, Any]:
@@ -88,7 +116,7 @@ async def run(binds: int, workers: int, live: int, pass_every: int) -> dict[str,
     kube = Kube(
         KubeConfig(server="https://api.invalid"),
         user_agent="sessionfleet-operator",
-        transport=httpx.MockTransport(server.answer),
+        connect=server.connect,
     )
     fleet.kube = kube
     fleet.kopf_indexed = True

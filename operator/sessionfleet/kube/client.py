@@ -8,7 +8,6 @@ event loop: kopf handlers and the router call it directly.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import ssl
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -16,9 +15,17 @@ from typing import Any, Literal
 from urllib.parse import urlencode, urlsplit
 from urllib.request import getproxies, proxy_bypass
 
+import httpcore
 import httpx
 
 from sessionfleet.kube.config import KubeConfig
+from sessionfleet.kube.connections import (
+    TRANSPORT_ERRORS,
+    Connect,
+    Connections,
+    decoded,
+    factory,
+)
 from sessionfleet.kube.errors import ApiUnavailable, KubeError, NotLeading, error_for
 from sessionfleet.kube.resources import PODS, Resource
 
@@ -30,8 +37,10 @@ _CONTENT_TYPES: dict[PatchType, str] = {
     "apply": "application/apply-patch+yaml",
 }
 FIELD_MANAGER = "sessionfleet"
-MAX_IN_FLIGHT = 16
-"""Requests open at once per client: enough for 200 writes a second at 80 ms each."""
+MAX_IN_FLIGHT = 64
+"""Requests open at once per client (watches aside), as many connections kept open."""
+KEEPALIVE_SECONDS = 5.0
+"""A connection idle for longer is closed (httpx's default)."""
 
 
 def environment_proxy(server: str) -> str | None:
@@ -46,10 +55,13 @@ def environment_proxy(server: str) -> str | None:
     return getproxies().get(parts.scheme)
 
 
-def _ssl_context(config: KubeConfig) -> ssl.SSLContext | bool:
-    if not config.verify:
-        return False
-    context = ssl.create_default_context(cafile=config.ca_file)
+def _ssl_context(config: KubeConfig) -> ssl.SSLContext:
+    if config.verify:
+        context = ssl.create_default_context(cafile=config.ca_file)
+    else:
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
     if config.cert_file and config.key_file:
         context.load_cert_chain(config.cert_file, config.key_file)
     return context
@@ -70,16 +82,16 @@ class Kube:
         field_manager: str = FIELD_MANAGER,
         user_agent: str = "sessionfleet",
         write_gate: Callable[[], bool] | None = None,
-        transport: httpx.AsyncBaseTransport | None = None,
         max_in_flight: int = MAX_IN_FLIGHT,
+        connect: Connect | None = None,
     ) -> None:
         """Bind a client to ``config``.
 
         ``write_gate``, when given, is asked before every request but a GET: while it
         answers false the request is refused with :class:`NotLeading`, unsent.
-        ``transport`` replaces both connection pools (a benchmark's in-process server).
         At most ``max_in_flight`` requests (watches aside) are open at once; the others
-        wait their turn, first come first served.
+        wait their turn, first come first served (:mod:`sessionfleet.kube.connections`).
+        ``connect`` replaces the requests' connections (a benchmark's in-process server).
         """
         self.config = config
         self.field_manager = field_manager
@@ -92,36 +104,32 @@ class Kube:
             "Accept": "application/json",
             "Accept-Encoding": "gzip, deflate",
         }
-        verify = _ssl_context(config)
+        context = _ssl_context(config)
         proxy = environment_proxy(config.server)
-        # Requests wait for a turn here, not in the connection pool: httpcore's pool
-        # matches every queued request against every connection on each request and
-        # response, and asks every idle connection's socket whether it is still open
-        # (a few system calls each). With 64 connections, kept open after an API
-        # server's slow spell, that was a quarter of the operator's CPU while binding
-        # (bench/README.md, "Scale"). A short queue of our own keeps it constant.
-        self._turns = asyncio.Semaphore(max_in_flight)
-        self._transport = transport or httpx.AsyncHTTPTransport(
-            verify=verify,
-            proxy=proxy,
-            limits=httpx.Limits(
-                max_connections=max_in_flight, max_keepalive_connections=max_in_flight
-            ),
+        server = urlsplit(self._server)
+        self._scheme = server.scheme.encode()
+        self._host_header = server.netloc.encode()
+        self._prefix = server.path
+        default_port = 443 if server.scheme == "https" else 80
+        self._origin = httpcore.Origin(
+            self._scheme, (server.hostname or "").encode(), server.port or default_port
         )
-        # A watch holds its connection for minutes: a pool of its own, so that watches
-        # never take the requests' connections nor wait behind them.
-        self._watch_transport = transport or httpx.AsyncHTTPTransport(
-            verify=verify,
-            proxy=proxy,
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=8),
+        self._request_headers = [(k.encode(), v.encode()) for k, v in self._base_headers.items()]
+        self._requests = Connections(
+            self._origin,
+            connect or factory(context, proxy, KEEPALIVE_SECONDS),
+            size=max_in_flight,
+            keepalive=KEEPALIVE_SECONDS,
         )
-        # Requests go to the connection pool directly; only watches stream through the
-        # client. A client's own work per request (merging the URL with its base and
-        # parsing it again, cookies, auth and redirect flows, hooks) was about half of
-        # a request's CPU in the operator's profile, and an API server needs none of it.
+        # Watches stream through httpx: one connection each for minutes, in a pool of
+        # their own, so that they never take the requests' connections nor wait for them.
         self._http = httpx.AsyncClient(
             base_url=config.server,
-            transport=self._watch_transport,
+            transport=httpx.AsyncHTTPTransport(
+                verify=context,
+                proxy=proxy,
+                limits=httpx.Limits(max_connections=None, max_keepalive_connections=8),
+            ),
             timeout=self._timeout,
             headers=self._base_headers,
         )
@@ -133,10 +141,9 @@ class Kube:
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Close the connection pools."""
-        await self._http.aclose()  # and the watches' pool
-        if self._transport is not self._watch_transport:
-            await self._transport.aclose()
+        """Close the connections."""
+        await self._http.aclose()
+        await self._requests.aclose()
 
     def _headers(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
         headers = {**self._base_headers, **(extra or {})}
@@ -157,33 +164,41 @@ class Kube:
         """Send one request; return the decoded JSON answer or raise a KubeError."""
         if method != "GET" and self.write_gate is not None and not self.write_gate():
             raise NotLeading(0, f"{method} {path}: not sent, this process is not the leader")
-        content = None if body is None else json.dumps(body).encode()
-        headers = self._headers({"Content-Type": content_type} if content is not None else None)
-        url = f"{self._server}{path}?{urlencode(params)}" if params else self._server + path
-        request = httpx.Request(
-            method,
-            url,
-            content=content,
+        target = f"{self._prefix}{path}?{urlencode(params)}" if params else self._prefix + path
+        headers = [(b"Host", self._host_header), *self._request_headers]
+        token = self.config.bearer_token()
+        if token:
+            headers.append((b"Authorization", f"Bearer {token}".encode()))
+        content = b""
+        if body is not None:
+            content = json.dumps(body).encode()
+            headers.append((b"Content-Type", content_type.encode()))
+            headers.append((b"Content-Length", str(len(content)).encode()))
+        request = httpcore.Request(
+            method.encode(),
+            httpcore.URL(
+                scheme=self._scheme,
+                host=self._origin.host,
+                port=self._origin.port,
+                target=target.encode(),
+            ),
             headers=headers,
+            content=content,
             extensions={"timeout": self._request_timeout},
         )
         try:
-            async with self._turns:
-                response = await self._transport.handle_async_request(request)
-                try:
-                    await response.aread()
-                finally:
-                    await response.aclose()
-        except httpx.HTTPError as error:
+            answer = await self._requests.send(request)
+            text = decoded(answer)
+        except TRANSPORT_ERRORS as error:
             raise ApiUnavailable(0, f"{method} {path}: {error!r}") from error
         payload: dict[str, Any] = {}
-        if response.content:
+        if text:
             try:
-                payload = response.json()
+                payload = json.loads(text)
             except ValueError:
-                payload = {"message": response.text[:500]}
-        if response.is_error:
-            raise error_for(response.status_code, payload, f"{method} {path} failed")
+                payload = {"message": text[:500].decode(errors="replace")}
+        if answer.status >= 400:
+            raise error_for(answer.status, payload, f"{method} {path} failed")
         return payload
 
     async def get(
