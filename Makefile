@@ -140,7 +140,7 @@ bench-bind-cpu: $(STAMP)
 .PHONY: bench-requests
 BENCH_REQUESTS_ARGS ?=
 bench-requests: $(STAMP)
-	$(PY) bench/scale/requests.py --out build/bench-requests.json $(BENCH_REQUESTS_ARGS)
+	$(PY) bench/scale/apirequests.py --out build/bench-requests.json $(BENCH_REQUESTS_ARGS)
 
 # py-spy, for the benchmarks' --profile (bench/profiler.py); not needed by the tests.
 .PHONY: profile-tools

@@ -9,7 +9,7 @@ what differs is the client's own work: the pool's bookkeeping and the request's
 building. It reports the client's CPU per request (``time.process_time``), in pairs
 run back to back.
 
-    .venv/bin/python bench/scale/requests.py [--delay 0.005] [--rate 200] [--seconds 8]
+    .venv/bin/python bench/scale/apirequests.py [--delay 0.005] [--rate 200] [--seconds 8]
 """
 
 from __future__ import annotations
