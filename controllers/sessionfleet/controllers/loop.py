@@ -21,7 +21,6 @@ from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any, Final, TypeVar
 
-import httpx
 from prometheus_client import Gauge
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -37,6 +36,7 @@ from sessionfleet.controllers.work import Batch
 from sessionfleet.controllers.workers import reconcile_worker
 from sessionfleet.engines import vllm
 from sessionfleet.kube import SESSIONS, WORKERS
+from sessionfleet.kube.connections import TRANSPORT_ERRORS, decoded, fetch_once
 from sessionfleet.policy.observed import NodeState
 from sessionfleet.policy.recovery import NodeRecoveryGate, node_recovery_gate
 from sessionfleet.policy.sessions import SessionState, next_check
@@ -384,15 +384,18 @@ def _non_negative(value: float | None) -> float | None:
     return None if value is None else max(0.0, value)
 
 
+SCRAPE_ERRORS: tuple[type[Exception], ...] = (*TRANSPORT_ERRORS, ValueError)
+"""An engine that did not answer, answered other than 200, or with what does not parse."""
+
+
 async def scrape_worker(fleet: Fleet, key: tuple[str, str], endpoint: str) -> bool:
     """Scrape one engine; return whether its figures changed (a failure keeps the last)."""
     try:
-        response = await fleet.http.get(
-            f"{endpoint}/metrics", timeout=fleet.config.scrape_timeout_seconds
-        )
-        response.raise_for_status()
-        stats = parse_engine_metrics(response.text)
-    except (httpx.HTTPError, ValueError) as error:
+        answer = await fetch_once(f"{endpoint}/metrics", fleet.config.scrape_timeout_seconds)
+        if answer.status != 200:
+            raise ValueError(f"answered {answer.status}")
+        stats = parse_engine_metrics(decoded(answer).decode(errors="replace"))
+    except SCRAPE_ERRORS as error:
         log.debug("scrape of %s failed: %s", endpoint, error)
         return False
     changed = fleet.stats.get(key) != stats
@@ -405,10 +408,11 @@ async def scrape_worker(fleet: Fleet, key: tuple[str, str], endpoint: str) -> bo
 async def scrape_all(fleet: Fleet, targets: list[tuple[Key, str]]) -> list[bool]:
     """Scrape the engines a few at a time; return whether each one's figures changed.
 
-    A few at a time: httpx's connection pool matches each queued request against every
-    connection on every change (encode/httpcore#1035), so 500 scrapes queued at once
-    cost the operator most of a core for seconds and held every bind behind them
-    (``make bench-scale``, bench/README.md).
+    A few at a time: through httpx's connection pool, which matches each queued request
+    against every connection on every change (encode/httpcore#1035), 500 scrapes queued
+    at once cost the operator most of a core for seconds and held every bind behind
+    them (``make bench-scale``, bench/README.md). Each scrape now has a connection of
+    its own, no pool; the limit still bounds the sockets and the memory in flight.
     """
     limit = asyncio.Semaphore(SCRAPES_AT_ONCE)
 

@@ -21,6 +21,7 @@ import zlib
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 import httpcore
 
@@ -138,3 +139,31 @@ class Connections:
         while self._idle:
             _, connection = self._idle.pop()
             await connection.aclose()
+
+
+async def fetch_once(url: str, timeout: float) -> Answer:
+    """GET ``url`` on a connection of its own, closed after; no proxy.
+
+    For an engine's metrics: scraped every 15 s, each engine at an address of its own,
+    a kept connection would idle past any keep-alive, and a pool of hundreds of them
+    is what costs (see above). httpcore's errors pass through.
+    """
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise httpcore.UnsupportedProtocol(f"not an http(s) URL: {url!r}")
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    origin = httpcore.Origin(parts.scheme.encode(), parts.hostname.encode(), port)
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    request = httpcore.Request(
+        b"GET",
+        httpcore.URL(scheme=origin.scheme, host=origin.host, port=port, target=target.encode()),
+        headers=[(b"Host", parts.netloc.encode()), (b"Accept-Encoding", b"gzip, deflate")],
+        extensions={"timeout": dict.fromkeys(("connect", "read", "write", "pool"), timeout)},
+    )
+    async with httpcore.AsyncHTTPConnection(origin, keepalive_expiry=0) as connection:
+        response = await connection.handle_async_request(request)
+        try:
+            body = await response.aread()
+        finally:
+            await response.aclose()
+    return Answer(response.status, response.headers, body)
