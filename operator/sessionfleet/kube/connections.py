@@ -118,9 +118,8 @@ class Connections:
 
     async def _give_back(self, connection: httpcore.AsyncConnectionInterface) -> None:
         now = time.monotonic()
-        if (
-            connection.is_idle() and not self._closed
-        ):  # not when the server answered "Connection: close"
+        # Not kept when the server answered "Connection: close", nor after aclose().
+        if connection.is_idle() and not self._closed:
             self._idle.append((now, connection))
         else:
             await connection.aclose()
