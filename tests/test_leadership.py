@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import logging
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from sessionfleet.kube import NotFound
+from sessionfleet.leader import LeaderElector
 from sessionfleet.policy.leadership import (
     ElectionTiming,
     LeaseRecord,
@@ -142,3 +146,39 @@ def test_the_operator_refuses_election_settings_that_are_unsafe_or_incomplete(
         main(["operator", "--leader-elect", *flags])
     assert exited.value.code == 2
     assert message in capsys.readouterr().err
+
+
+class SlowApi:
+    """A Kube stand-in with no Lease yet, whose every request takes ``seconds`` of a clock."""
+
+    def __init__(self, seconds: float) -> None:
+        self.now = 100.0
+        self.seconds = seconds
+
+    async def get(self, *_: object) -> dict[str, object]:
+        self.now += self.seconds
+        raise NotFound(404, "no lease")
+
+    async def create(self, _: object, body: dict[str, Any], __: object) -> dict[str, Any]:
+        self.now += self.seconds
+        return {**body, "metadata": {**body["metadata"], "resourceVersion": "1"}}
+
+
+@pytest.mark.parametrize(("seconds", "warned"), [(0.5, False), (1.5, True)])
+async def test_a_slow_lease_write_is_logged_with_how_long_it_took(
+    seconds: float, warned: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    api = SlowApi(seconds)  # a get and a create: twice ``seconds``; 1/4 of 10 s is 2.5 s
+    elector = LeaderElector(api, "ns", identity="me", clock=lambda: api.now)  # type: ignore[arg-type]
+    with caplog.at_level(logging.WARNING, logger="sessionfleet.leader"):
+        assert await elector._attempt(10.0)
+    assert elector.leading
+    found = [r.getMessage() for r in caplog.records if "written after" in r.getMessage()]
+    assert found == (
+        [
+            f"leader election: Lease ns/sessionfleet-operator written after {2 * seconds:.1f} s "
+            "(renew deadline 10 s)"
+        ]
+        if warned
+        else []
+    )

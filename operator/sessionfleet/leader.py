@@ -45,6 +45,8 @@ from sessionfleet.resources.leases import leader_lease, leader_lease_claim, lead
 log = logging.getLogger(__name__)
 
 DEFAULT_LEASE_NAME = "sessionfleet-operator"
+SLOW_RENEWAL_SHARE = 4
+"""A renewal that takes over 1/4 of the renew deadline is logged as a warning."""
 
 
 class LeadershipLost(RuntimeError):
@@ -165,6 +167,17 @@ class LeaderElector:
             return False
         if held:
             self._renewed_at = sent_at
+            took = self.clock() - sent_at
+            if took > self.timing.renew_deadline.total_seconds() / SLOW_RENEWAL_SHARE:
+                # A warning well before the deadline: a leader that later loses its Lease
+                # leaves in its log how long its renewals had been taking, and so whether
+                # the API server or its own event loop was slow.
+                log.warning(
+                    "leader election: Lease %s written after %.1f s (renew deadline %g s)",
+                    self.lease,
+                    took,
+                    self.timing.renew_deadline.total_seconds(),
+                )
         return held
 
     async def _try(self) -> bool:
