@@ -25,6 +25,8 @@ from sessionfleet.kube.connections import (
     Connections,
     decoded,
     factory,
+    origin_of,
+    url_at,
 )
 from sessionfleet.kube.errors import ApiUnavailable, KubeError, NotLeading, error_for
 from sessionfleet.kube.resources import PODS, Resource
@@ -107,13 +109,9 @@ class Kube:
         context = _ssl_context(config)
         proxy = environment_proxy(config.server)
         server = urlsplit(self._server)
-        self._scheme = server.scheme.encode()
         self._host_header = server.netloc.encode()
         self._prefix = server.path
-        default_port = 443 if server.scheme == "https" else 80
-        self._origin = httpcore.Origin(
-            self._scheme, (server.hostname or "").encode(), server.port or default_port
-        )
+        self._origin = origin_of(server)
         self._request_headers = [(k.encode(), v.encode()) for k, v in self._base_headers.items()]
         self._requests = Connections(
             self._origin,
@@ -176,12 +174,7 @@ class Kube:
             headers.append((b"Content-Length", str(len(content)).encode()))
         request = httpcore.Request(
             method.encode(),
-            httpcore.URL(
-                scheme=self._scheme,
-                host=self._origin.host,
-                port=self._origin.port,
-                target=target.encode(),
-            ),
+            url_at(self._origin, target),
             headers=headers,
             content=content,
             extensions={"timeout": self._request_timeout},

@@ -21,7 +21,7 @@ import zlib
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 import httpcore
 
@@ -70,6 +70,31 @@ def decoded(answer: Answer) -> bytes:
     return answer.body
 
 
+def origin_of(url: SplitResult) -> httpcore.Origin:
+    """Return the scheme, host and port of an http(s) URL, the scheme's port if none."""
+    port = url.port or (443 if url.scheme == "https" else 80)
+    return httpcore.Origin(url.scheme.encode(), (url.hostname or "").encode(), port)
+
+
+def url_at(origin: httpcore.Origin, target: str) -> httpcore.URL:
+    """Return the URL of ``target`` (path and query) at ``origin``, parsed already."""
+    return httpcore.URL(
+        scheme=origin.scheme, host=origin.host, port=origin.port, target=target.encode()
+    )
+
+
+async def _exchange(
+    connection: httpcore.AsyncConnectionInterface, request: httpcore.Request
+) -> Answer:
+    """Send ``request`` on ``connection`` and read the whole answer."""
+    response = await connection.handle_async_request(request)
+    try:
+        body = await response.aread()
+    finally:
+        await response.aclose()
+    return Answer(response.status, response.headers, body)
+
+
 def factory(ssl_context: ssl.SSLContext, proxy: str | None, keepalive: float) -> Connect:
     """Return httpcore's own connection factory: direct, or through ``proxy``."""
     pool = httpcore.AsyncConnectionPool(
@@ -97,16 +122,12 @@ class Connections:
         async with self._turns:
             connection = await self._take()
             try:
-                response = await connection.handle_async_request(request)
-                try:
-                    body = await response.aread()
-                finally:
-                    await response.aclose()
+                answer = await _exchange(connection, request)
             except BaseException:
                 await connection.aclose()
                 raise
             await self._give_back(connection)
-            return Answer(response.status, response.headers, body)
+            return answer
 
     async def _take(self) -> httpcore.AsyncConnectionInterface:
         while self._idle:
@@ -150,19 +171,13 @@ async def fetch_once(url: str, timeout: float) -> Answer:
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise httpcore.UnsupportedProtocol(f"not an http(s) URL: {url!r}")
-    port = parts.port or (443 if parts.scheme == "https" else 80)
-    origin = httpcore.Origin(parts.scheme.encode(), parts.hostname.encode(), port)
+    origin = origin_of(parts)
     target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     request = httpcore.Request(
         b"GET",
-        httpcore.URL(scheme=origin.scheme, host=origin.host, port=port, target=target.encode()),
+        url_at(origin, target),
         headers=[(b"Host", parts.netloc.encode()), (b"Accept-Encoding", b"gzip, deflate")],
         extensions={"timeout": dict.fromkeys(("connect", "read", "write", "pool"), timeout)},
     )
     async with httpcore.AsyncHTTPConnection(origin, keepalive_expiry=0) as connection:
-        response = await connection.handle_async_request(request)
-        try:
-            body = await response.aread()
-        finally:
-            await response.aclose()
-    return Answer(response.status, response.headers, body)
+        return await _exchange(connection, request)
