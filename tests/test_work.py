@@ -15,9 +15,10 @@ from sessionfleet.api import InferenceWorkerSpec, InferenceWorkerStatus, Session
 from sessionfleet.controllers.config import OperatorConfig
 from sessionfleet.controllers.fleet import EngineStats, Fleet
 from sessionfleet.controllers.loads import WorkerLoads
-from sessionfleet.controllers.loop import due_sessions, repair
+from sessionfleet.controllers.loop import due_sessions, reconcile_once, repair
 from sessionfleet.controllers.records import WorkerRecord, worker_record
-from sessionfleet.controllers.work import Deadlines, WorkQueue, counter_interval
+from sessionfleet.controllers.turns import WriteTurns
+from sessionfleet.controllers.work import Batch, Deadlines, WorkQueue, counter_interval
 from sessionfleet.policy.drain import DEFAULT_POLICY, PinnedSession, PolicyChoice
 from sessionfleet.policy.observed import NodeState, PodState
 from sessionfleet.policy.sessions import (
@@ -223,14 +224,14 @@ def test_a_check_counts_a_session_as_the_index_shows_it_and_says_if_it_was_wrong
     assert dict(loads.pinned) == {("ns", "w1"): 1}
 
 
-def _worker(name: str, namespace: str = "ns", **spec: object) -> WorkerRecord:
+def _worker(name: str, namespace: str = "ns", phase: str = "Ready", **spec: object) -> WorkerRecord:
     return worker_record(
         {
             "apiVersion": "sessionfleet.dev/v1alpha1",
             "kind": "InferenceWorker",
             "metadata": {"name": name, "namespace": namespace, "resourceVersion": "1"},
             "spec": {"model": "m", "engine": {"type": "sim"}, "gpus": 1, **spec},
-            "status": {"phase": "Ready", "epoch": 1, "pod": f"{name}-1"},
+            "status": {"phase": phase, "epoch": 1, "pod": f"{name}-1"},
         }
     )
 
@@ -362,3 +363,52 @@ def test_the_gauges_counts_follow_every_session_event() -> None:
     counted = Counter(s.phase.value if s.phase else "New" for s in cache.all())
     assert +cache.phases == counted == Counter({"Bound": 1, "Finished": 1, "New": 1})
     assert cache.recomputed_pinned == 500  # a finished session is no longer pinned
+
+
+class HeldWrites:
+    """An API client whose writes wait until released, in the order they were sent."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.sent: list[tuple[str, str]] = []
+        self.version = 100
+
+    async def patch(self, resource: object, name: str, body: object, namespace: str, **_: object):
+        self.sent.append(("patch", name))
+        await self.release.wait()
+        self.version += 1
+        return {"metadata": {"name": name, "resourceVersion": str(self.version)}}
+
+    async def delete(self, resource: object, name: str, namespace: str) -> None:
+        self.sent.append(("delete", name))
+        await self.release.wait()
+
+
+async def test_a_pass_starts_its_session_steps_and_does_not_wait_for_their_writes() -> None:
+    fleet = _full_fleet(0)
+    kube = HeldWrites()
+    fleet.kube = kube  # type: ignore[assignment]
+    fleet.writes = WriteTurns(1)
+    recovering = _worker("w2", phase="Recovering")
+    fleet.workers[recovering.key] = [recovering]  # type: ignore[index]
+    new = [_session(f"new{i}", None) for i in range(3)]
+    finishing = replace(_session("done", "w1"), epoch=1, finished=True)
+    held = replace(_session("held", "w2"), epoch=1)  # its worker recovers: Restoring
+    for state in (*new, finishing, held):
+        fleet.sessions.put(state)
+    keys = frozenset(s.key for s in (*new, finishing, held))
+
+    await asyncio.wait_for(reconcile_once(fleet, NOW, Batch(full=False, sessions=keys)), 1.0)
+    await asyncio.sleep(0.01)
+    assert len(kube.sent) == 1  # one turn: the rest wait for it, by urgency
+    assert fleet.busy_sessions == set(keys)  # so the next pass starts none of them again
+    await asyncio.wait_for(reconcile_once(fleet, NOW, Batch(full=False, sessions=keys)), 1.0)
+    assert len(fleet.tasks) == len(keys)
+
+    kube.release.set()
+    while fleet.tasks:
+        await asyncio.gather(*list(fleet.tasks))
+    first, *rest = [name for _, name in kube.sent]
+    # After the first write (whichever took the free turn): the restore, the binds, the finish.
+    assert rest == [n for n in ("held", "new0", "new1", "new2", "done") if n != first]
+    assert not fleet.busy_sessions

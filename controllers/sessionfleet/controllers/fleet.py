@@ -31,6 +31,7 @@ from sessionfleet.controllers.faults import Faults
 from sessionfleet.controllers.loads import PlacementViews, WorkerLoads, placement_identity
 from sessionfleet.controllers.records import Key, PolicyRecord, WorkerRecord, resource_version
 from sessionfleet.controllers.sessioncache import SessionCache
+from sessionfleet.controllers.turns import WriteTurns
 from sessionfleet.controllers.work import WorkQueue, counter_interval
 from sessionfleet.kube import Kube
 from sessionfleet.leader import Leadership, Solo
@@ -191,7 +192,8 @@ class Fleet:
     """WorkerCheckpoints this process created: the only ones whose reason may be Drain
     or Periodic (the API server cannot tell who created an object)."""
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
-    writes: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(16))
+    writes: WriteTurns = field(default_factory=lambda: WriteTurns(16))
+    """Turns for session writes, the most urgent first (:mod:`.turns`)."""
     events: Recorder | None = None
     """Where decisions become Kubernetes Events (none: not recorded, as in unit tests)."""
     leadership: Leadership = field(default_factory=Solo)

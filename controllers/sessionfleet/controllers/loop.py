@@ -39,7 +39,7 @@ from sessionfleet.kube import SESSIONS, WORKERS
 from sessionfleet.kube.connections import TRANSPORT_ERRORS, decoded, fetch_once
 from sessionfleet.policy.observed import NodeState
 from sessionfleet.policy.recovery import NodeRecoveryGate, node_recovery_gate
-from sessionfleet.policy.sessions import SessionState, next_check
+from sessionfleet.policy.sessions import SessionState, Urgency, next_check
 
 log = logging.getLogger(__name__)
 
@@ -71,13 +71,32 @@ async def _bounded(fleet: Fleet, jobs: Iterable[Job], now: datetime) -> None:
         # this a pass of many jobs that never wait runs as one block of the event loop.
         await asyncio.sleep(0)
         async with semaphore:
-            ran = await run_isolated(
-                job, fleet.faults, functools.partial(record_fault, fleet=fleet), now
-            )
-        if not ran:
-            fleet.work.retry(job.resource.plural, job.key, retry_at)
+            await _isolated(fleet, job, now, retry_at)
 
     await asyncio.gather(*(one(job) for job in jobs))
+
+
+async def _isolated(fleet: Fleet, job: Job, now: datetime, retry_at: float) -> None:
+    """Run one job isolated (:func:`run_isolated`); look at its object again if it failed."""
+    if not await run_isolated(job, fleet.faults, functools.partial(record_fault, fleet=fleet), now):
+        fleet.work.retry(job.resource.plural, job.key, retry_at)
+
+
+def start_session_steps(fleet: Fleet, due: Iterable[SessionState], now: datetime) -> None:
+    """Start each due session's step beside the loop: the pass does not wait for them.
+
+    Their writes take turns by urgency (:mod:`.turns`). A pass that waited for its
+    session steps waited behind every bind queued before them, and the drains and
+    recoveries its next pass would have moved on waited with it: none ended within a
+    minute at 20,000 live sessions (``make bench-scale``). A step still waiting for its
+    turn is busy (:func:`.sessions.reconcile_session`), so the next pass skips it.
+    """
+    retry_at = time.monotonic() + fleet.config.resync_seconds
+    for session in due:
+        job = Job(SESSIONS, session.key, functools.partial(reconcile_session, fleet, session, now))
+        fleet.spawn(
+            f"session {session.namespace}/{session.name}", _isolated(fleet, job, now, retry_at)
+        )
 
 
 async def record_fault(job: Job, message: str, now: datetime, *, fleet: Fleet) -> None:
@@ -102,7 +121,9 @@ async def record_fault(job: Job, message: str, now: datetime, *, fleet: Fleet) -
 
 
 async def reconcile_once(fleet: Fleet, now: datetime, batch: Batch = FULL) -> None:
-    """Reconcile the batch's workers, then its sessions; one object's failure stops no other.
+    """Reconcile the batch's workers, then start its sessions' steps; each isolated.
+
+    The pass waits for its workers' steps, not its sessions' (:func:`start_session_steps`).
 
     A full batch (the default) takes every worker and every session, and repairs what
     the marks rely on: each session's deadline and the per-worker load counts.
@@ -121,12 +142,7 @@ async def reconcile_once(fleet: Fleet, now: datetime, batch: Batch = FULL) -> No
     sessions = fleet.all_sessions() if batch.full else _present(fleet.session, batch.sessions)
     if batch.full:
         await repair(fleet)
-    due = await due_sessions(fleet, sessions, now)
-    await _bounded(
-        fleet,
-        (Job(SESSIONS, s.key, functools.partial(reconcile_session, fleet, s, now)) for s in due),
-        now,
-    )
+    start_session_steps(fleet, await due_sessions(fleet, sessions, now), now)
     kind = "full" if batch.full else "marked"
     metrics.PASS_SECONDS.labels(kind).observe(time.monotonic() - started)
     metrics.PASS_OBJECTS.labels(kind, "inferenceworkers").observe(len(workers))
@@ -262,6 +278,8 @@ def _export_gauges(fleet: Fleet) -> None:
     for name in (*(phase.value for phase in SessionPhase), NEW):
         metrics.SESSIONS.labels(name).set(phases.get(name, 0))
     metrics.RECOMPUTED_TOKENS.set(fleet.sessions.recomputed_pinned)
+    for urgency in Urgency:
+        metrics.WRITES_WAITING.labels(urgency.name.lower()).set(fleet.writes.waiting[urgency])
     draining: set[tuple[str, str]] = set()
     workers = fleet.all_workers()
     pinned = fleet.worker_loads.pinned

@@ -15,6 +15,11 @@ BIND_LATENCY = Histogram(
     "Time from an AgentSession's creation to its binding.",
     buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
 )
+WRITES_WAITING = Gauge(
+    "sessionfleet_operator_session_writes_waiting",
+    "Session writes waiting for a turn, by urgency (holds_worker, bind, finish, cleanup).",
+    ["urgency"],
+)
 DRAINS = Gauge("sessionfleet_drains_in_progress", "Workers draining now.")
 DRAIN_DURATION = Histogram(
     "sessionfleet_drain_duration_seconds",

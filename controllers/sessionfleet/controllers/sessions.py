@@ -8,7 +8,7 @@ bind, finish, delete: three operator writes in a session's uneventful life.
 from __future__ import annotations
 
 import logging
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from sessionfleet.api import (
@@ -32,8 +32,10 @@ from sessionfleet.policy.sessions import (
     Action,
     SessionDecision,
     SessionState,
+    Urgency,
     WorkerBrief,
     decide_session,
+    urgency,
 )
 from sessionfleet.resources.status import (
     migration,
@@ -47,11 +49,13 @@ from sessionfleet.resources.status import (
 log = logging.getLogger(__name__)
 
 
-async def _patch_status(fleet: Fleet, session: SessionState, status: dict[str, Any]) -> bool:
+async def _patch_status(
+    fleet: Fleet, session: SessionState, status: dict[str, Any], urgency: Urgency
+) -> bool:
     try:
-        # Session writes are bounded: a burst then queues here, not in the HTTP client's
-        # connection pool, whose bookkeeping costs grow with its queue (encode/httpcore#1035).
-        async with fleet.writes:
+        # Session writes are bounded: a burst queues here, the most urgent first
+        # (:mod:`.turns`), not in the API client.
+        async with fleet.writes.turn(urgency):
             body = await fleet.kube.patch(
                 SESSIONS,
                 session.name,
@@ -123,7 +127,7 @@ async def _act(
         await bind(fleet, session, now)
     elif decision.action is Action.DELETE:
         try:
-            async with fleet.writes:
+            async with fleet.writes.turn(Urgency.CLEANUP):
                 await fleet.kube.delete(SESSIONS, session.name, session.namespace)
             metrics.API_WRITES.labels("delete", "agentsessions").inc()
         except NotFound:
@@ -141,7 +145,8 @@ async def _act(
             now,
             binding=(brief.epoch, brief.pod) if brief is not None else None,
         )
-        written = await _patch_status(fleet, session, status)
+        step = urgency(decision, _brief(fleet, session))
+        written = await _patch_status(fleet, session, status, step)
         if written and brief is not None and session.phase is SessionPhase.RESTORING:
             fleet.notify(
                 session_ref(session),
@@ -183,6 +188,7 @@ async def bind(fleet: Fleet, session: SessionState, now: datetime) -> None:
             fleet,
             session,
             session_pending_status(session.generation, placement.reason, placement.message, now),
+            Urgency.BIND,
         )
         return
     record = fleet.worker(session.namespace, placement.worker)
@@ -199,6 +205,7 @@ async def bind(fleet: Fleet, session: SessionState, now: datetime) -> None:
             placement.message,
             now,
         ),
+        Urgency.BIND,
     )
     if not bound:
         fleet.ledger.settle(session.key)
@@ -217,7 +224,9 @@ async def bind(fleet: Fleet, session: SessionState, now: datetime) -> None:
             ),
         )
     if session.created_at is not None:
-        metrics.BIND_LATENCY.observe(max((now - session.created_at).total_seconds(), 0.0))
+        # Timed at the write's answer, not at the decision: the wait for a turn counts.
+        waited = datetime.now(UTC) - session.created_at
+        metrics.BIND_LATENCY.observe(max(waited.total_seconds(), 0.0))
 
 
 async def migrate_sessions(
@@ -309,7 +318,9 @@ async def _move(
 
 async def _mark_migrating(fleet: Fleet, session: SessionState, message: str, now: datetime) -> None:
     """Start the turn-boundary handshake: routers hold the session's next turn and ack."""
-    if await _patch_status(fleet, session, session_migrating_status(message, now)):
+    if await _patch_status(
+        fleet, session, session_migrating_status(message, now), Urgency.HOLDS_WORKER
+    ):
         fleet.notify(
             session_ref(session),
             Notice(EventType.NORMAL, "MigrationStarted", "Migrate", message),
@@ -392,6 +403,7 @@ async def _rebind(
             f"migrated from draining worker {source} {how}; {why}",
             now,
         ),
+        Urgency.HOLDS_WORKER,
     )
     if moved:
         metrics.MIGRATIONS.labels(MigrationReason.DRAIN.value).inc()

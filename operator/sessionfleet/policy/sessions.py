@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from enum import Enum
+from enum import Enum, IntEnum
 from typing import Any
 
 from sessionfleet.api import Reason, SessionPhase, WorkerPhase
@@ -101,6 +101,40 @@ class SessionDecision:
 
 
 NOTHING = SessionDecision(Action.NOTHING)
+
+
+class Urgency(IntEnum):
+    """Which session writes go first when they wait for a turn; lower is sooner.
+
+    When writes are asked for faster than the API server answers them, something
+    waits. What waits least is what holds a worker: a drain cannot end, nor a recovered
+    worker serve its sessions again, until these are written. Then a new session's bind
+    (its first turn waits on it), then a finish (it frees a seat), and last the deletion
+    of a session already finished, which only tidies etcd.
+    """
+
+    HOLDS_WORKER = 0
+    BIND = 1
+    FINISH = 2
+    CLEANUP = 3
+
+
+_HELD_PHASES = frozenset({WorkerPhase.DRAINING, WorkerPhase.RECOVERING})
+
+
+def urgency(decision: SessionDecision, worker: WorkerBrief | None) -> Urgency:
+    """Return how soon a session's step should be written (see :class:`Urgency`)."""
+    if decision.action is Action.PLACE:
+        return Urgency.BIND
+    if decision.action is Action.DELETE:
+        return Urgency.CLEANUP  # a finished session no longer holds its worker
+    if decision.phase is SessionPhase.FINISHED and (
+        worker is None or worker.phase not in _HELD_PHASES
+    ):
+        return Urgency.FINISH
+    # Restoring, bound again at a new epoch, lost with its worker, a migration ended, or
+    # a finish that lets a drain or a recovery go on.
+    return Urgency.HOLDS_WORKER
 
 
 def decide_session(

@@ -1,0 +1,160 @@
+"""Turns for session writes: a bounded number at once, the most urgent first."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from sessionfleet.api import Reason, SessionPhase, WorkerPhase
+from sessionfleet.controllers.turns import WriteTurns
+from sessionfleet.policy.sessions import (
+    NOTHING,
+    Action,
+    SessionDecision,
+    Urgency,
+    WorkerBrief,
+    urgency,
+)
+
+
+async def _writer(turns: WriteTurns, urgency: Urgency, name: str, order: list[str]) -> None:
+    async with turns.turn(urgency):
+        order.append(name)
+        await asyncio.sleep(0)
+
+
+async def _settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+async def test_no_more_writes_than_the_limit_hold_a_turn_at_once() -> None:
+    turns = WriteTurns(3)
+    most = 0
+
+    async def write() -> None:
+        nonlocal most
+        async with turns.turn(Urgency.BIND):
+            most = max(most, turns.writing)
+            await asyncio.sleep(0.001)
+
+    await asyncio.gather(*(write() for _ in range(40)))
+    assert most == 3
+    assert turns.writing == 0 and not turns.waiting
+
+
+async def test_waiting_writes_go_most_urgent_first_and_in_order_within_one() -> None:
+    turns = WriteTurns(1)
+    order: list[str] = []
+    held = asyncio.Event()
+
+    async def holder() -> None:
+        async with turns.turn(Urgency.BIND):
+            await held.wait()
+
+    first = asyncio.create_task(holder())
+    await _settle()
+    queued = [
+        (Urgency.CLEANUP, "delete"),
+        (Urgency.BIND, "bind-1"),
+        (Urgency.FINISH, "finish"),
+        (Urgency.BIND, "bind-2"),
+        (Urgency.HOLDS_WORKER, "restore"),
+    ]
+    tasks = [asyncio.create_task(_writer(turns, u, name, order)) for u, name in queued]
+    await _settle()
+    assert turns.waiting == {
+        Urgency.CLEANUP: 1,
+        Urgency.BIND: 2,
+        Urgency.FINISH: 1,
+        Urgency.HOLDS_WORKER: 1,
+    }
+    held.set()
+    await asyncio.gather(first, *tasks)
+    assert order == ["restore", "bind-1", "bind-2", "finish", "delete"]
+    assert turns.writing == 0 and not turns.waiting
+
+
+async def test_a_write_cancelled_while_it_waits_gives_up_its_place_and_nothing_leaks() -> None:
+    turns = WriteTurns(1)
+    order: list[str] = []
+    held = asyncio.Event()
+
+    async def holder() -> None:
+        async with turns.turn(Urgency.CLEANUP):
+            await held.wait()
+
+    first = asyncio.create_task(holder())
+    await _settle()
+    gone = asyncio.create_task(_writer(turns, Urgency.HOLDS_WORKER, "gone", order))
+    kept = asyncio.create_task(_writer(turns, Urgency.BIND, "kept", order))
+    await _settle()
+    gone.cancel()
+    await _settle()
+    assert turns.waiting == {Urgency.BIND: 1}
+    held.set()
+    await asyncio.gather(first, kept)
+    assert gone.cancelled() and order == ["kept"]
+    assert turns.writing == 0 and not turns.waiting
+    await _writer(turns, Urgency.FINISH, "after", order)  # the turn was freed, not lost
+    assert order == ["kept", "after"]
+
+
+async def test_a_write_cancelled_as_its_turn_comes_passes_the_turn_on() -> None:
+    turns = WriteTurns(1)
+    order: list[str] = []
+    held = asyncio.Event()
+
+    async def holder() -> None:
+        async with turns.turn(Urgency.BIND):
+            await held.wait()
+
+    first = asyncio.create_task(holder())
+    await _settle()
+    unlucky = asyncio.create_task(_writer(turns, Urgency.HOLDS_WORKER, "unlucky", order))
+    next_one = asyncio.create_task(_writer(turns, Urgency.BIND, "next", order))
+    await _settle()
+    held.set()
+    while Urgency.HOLDS_WORKER in turns.waiting:  # the holder hands it the turn ...
+        await asyncio.sleep(0)
+    assert not order
+    unlucky.cancel()  # ... and it is cancelled before it runs
+    await asyncio.gather(first, next_one)
+    assert unlucky.cancelled() and order == ["next"]
+    assert turns.writing == 0 and not turns.waiting
+
+
+def test_a_limit_below_one_is_refused() -> None:
+    with pytest.raises(ValueError, match="at least one write"):
+        WriteTurns(0)
+
+
+def _brief(phase: WorkerPhase) -> WorkerBrief:
+    return WorkerBrief("w1", phase, 2, "w1-2")
+
+
+def _update(phase: SessionPhase) -> SessionDecision:
+    return SessionDecision(Action.UPDATE, phase, Reason.BOUND)
+
+
+@pytest.mark.parametrize(
+    ("decision", "worker", "expected"),
+    [
+        (SessionDecision(Action.PLACE), None, Urgency.BIND),
+        (SessionDecision(Action.DELETE), _brief(WorkerPhase.DRAINING), Urgency.CLEANUP),
+        (_update(SessionPhase.FINISHED), _brief(WorkerPhase.READY), Urgency.FINISH),
+        (_update(SessionPhase.FINISHED), None, Urgency.FINISH),
+        # Its worker's drain, or its recovery, waits for this session's finish.
+        (_update(SessionPhase.FINISHED), _brief(WorkerPhase.DRAINING), Urgency.HOLDS_WORKER),
+        (_update(SessionPhase.FINISHED), _brief(WorkerPhase.RECOVERING), Urgency.HOLDS_WORKER),
+        (_update(SessionPhase.RESTORING), _brief(WorkerPhase.RECOVERING), Urgency.HOLDS_WORKER),
+        (_update(SessionPhase.BOUND), _brief(WorkerPhase.READY), Urgency.HOLDS_WORKER),
+        (_update(SessionPhase.LOST), None, Urgency.HOLDS_WORKER),
+        (NOTHING, None, Urgency.HOLDS_WORKER),
+    ],
+)
+def test_what_holds_a_worker_goes_first_and_cleanup_last(
+    decision: SessionDecision, worker: WorkerBrief | None, expected: Urgency
+) -> None:
+    assert urgency(decision, worker) is expected
