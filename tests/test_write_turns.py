@@ -14,7 +14,7 @@ from sessionfleet.policy.sessions import (
     SessionDecision,
     Urgency,
     WorkerBrief,
-    urgency,
+    urgency_of,
 )
 
 
@@ -157,4 +157,4 @@ def _update(phase: SessionPhase) -> SessionDecision:
 def test_what_holds_a_worker_goes_first_and_cleanup_last(
     decision: SessionDecision, worker: WorkerBrief | None, expected: Urgency
 ) -> None:
-    assert urgency(decision, worker) is expected
+    assert urgency_of(decision, worker) is expected

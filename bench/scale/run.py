@@ -190,6 +190,21 @@ def histogram_summary(text: str, family: str, **match: str) -> dict[str, float]:
     }
 
 
+async def write_queue_peaks(fleet: Fleet, stop: asyncio.Event) -> dict[str, int]:
+    """The most session writes seen waiting for a turn, by urgency, sampled every 2 s."""
+    peaks: Counter[str] = Counter()
+    while not stop.is_set():
+        try:
+            text = await asyncio.to_thread(fleet.operator.metrics)
+        except httpx.HTTPError:
+            text = ""  # the operator busy past the timeout: the next sample
+        for _, labels, value in samples(text, "sessionfleet_operator_session_writes_waiting"):
+            peaks[labels["urgency"]] = max(peaks[labels["urgency"]], int(value))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), 2.0)
+    return dict(peaks)
+
+
 def counter_total(text: str, family: str) -> float:
     """The sum of a counter family's ``_total`` samples."""
     return sum(v for name, _, v in samples(text, family) if name.endswith("_total"))
@@ -588,6 +603,7 @@ async def measure(fleet: Fleet, args: argparse.Namespace) -> dict[str, Any]:
         bound_live = [n for n in live[count:] if n in tracker.bound]
         turn_task = asyncio.create_task(turns(fleet, lambda: bound_live, args.turn_rate, stop))
         faults = asyncio.create_task(drain_and_fail(fleet, args))
+        queue = asyncio.create_task(write_queue_peaks(fleet, stop))
         log(f"churn: {count} finished and {count} new at {args.churn_rate}/s, turns, faults")
         with profiled(fleet, args, "churn") as profile:
             create_pace, _ = await asyncio.gather(
@@ -607,6 +623,7 @@ async def measure(fleet: Fleet, args: argparse.Namespace) -> dict[str, Any]:
         stop.set()
         turn_outcomes = await turn_task
         fault_figures = await faults
+        queue_peaks = await queue
         api_after = await asyncio.to_thread(fleet.api_server_metrics)
         op_after = operator_counter(await asyncio.to_thread(fleet.operator.metrics))
         routers_after = fleet.router_writes()
@@ -624,6 +641,7 @@ async def measure(fleet: Fleet, args: argparse.Namespace) -> dict[str, Any]:
                 k: round((routers_after[k] - routers_before[k]) / seconds, 1) for k in routers_after
             },
             **fault_figures,
+            "session_writes_waiting_peak": queue_peaks,
             "router_rss_mib": fleet.router_rss(),
             "operator_rss_mib": fleet.rss_mib(fleet.operator_pid),
             **profile_of(profile),

@@ -35,7 +35,7 @@ from sessionfleet.policy.sessions import (
     Urgency,
     WorkerBrief,
     decide_session,
-    urgency,
+    urgency_of,
 )
 from sessionfleet.resources.status import (
     migration,
@@ -145,7 +145,7 @@ async def _act(
             now,
             binding=(brief.epoch, brief.pod) if brief is not None else None,
         )
-        step = urgency(decision, _brief(fleet, session))
+        step = urgency_of(decision, _brief(fleet, session))
         written = await _patch_status(fleet, session, status, step)
         if written and brief is not None and session.phase is SessionPhase.RESTORING:
             fleet.notify(

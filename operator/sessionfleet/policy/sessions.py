@@ -122,7 +122,7 @@ class Urgency(IntEnum):
 _HELD_PHASES = frozenset({WorkerPhase.DRAINING, WorkerPhase.RECOVERING})
 
 
-def urgency(decision: SessionDecision, worker: WorkerBrief | None) -> Urgency:
+def urgency_of(decision: SessionDecision, worker: WorkerBrief | None) -> Urgency:
     """Return how soon a session's step should be written (see :class:`Urgency`)."""
     if decision.action is Action.PLACE:
         return Urgency.BIND
