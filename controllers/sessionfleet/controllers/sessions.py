@@ -7,7 +7,9 @@ bind, finish, delete: three operator writes in a session's uneventful life.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections.abc import Coroutine, Iterable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -263,10 +265,11 @@ async def migrate_sessions(
         fleet.config.ack_timeout,
     )
     movable: list[tuple[SessionState, str, str]] = []
+    marking: list[tuple[SessionState, str]] = []
     for step in steps:
         session = step.session
         if step.action is MigrationAction.START_HANDSHAKE:
-            await _mark_migrating(fleet, session, step.message, now)
+            marking.append((session, step.message))
         elif step.action is MigrationAction.MOVE and step.target is not None:
             if step.overdue:
                 log.warning(
@@ -277,6 +280,9 @@ async def migrate_sessions(
                 )
             fleet.ledger.add(session.key, step.target, session.context_tokens)
             movable.append((session, step.target, step.message))
+    # Together, not one round trip after another: a drain marks and moves every session
+    # of its worker, and each write waits on the API server (their turns come first).
+    await _together(_mark_migrating(fleet, session, why, now) for session, why in marking)
     if not movable:
         return
     log.info(
@@ -307,13 +313,24 @@ async def _move(
         saved = None
         if through_checkpoint:
             saved = await _save_for_migration(fleet, source, worker, movable, now)
-        for session, target, why in movable:
+
+        async def move_one(session: SessionState, target: str, why: str) -> None:
             loaded = saved is not None and await _load_into(fleet, saved, session, target)
             await _rebind(fleet, session, source.name, target, why, saved if loaded else None, now)
+
+        await _together(move_one(*entry) for entry in movable)
     finally:
         moved = [session.key for session, _, _ in movable]
         fleet.busy_sessions.difference_update(moved)
         fleet.work.each_session(moved)  # a pass that skipped them while busy looks again
+
+
+async def _together(steps: Iterable[Coroutine[Any, Any, None]]) -> None:
+    """Run the steps concurrently, every one to its end; then raise the first failure."""
+    outcomes = await asyncio.gather(*steps, return_exceptions=True)
+    for outcome in outcomes:
+        if isinstance(outcome, BaseException):
+            raise outcome
 
 
 async def _mark_migrating(fleet: Fleet, session: SessionState, message: str, now: datetime) -> None:

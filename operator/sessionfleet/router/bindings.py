@@ -137,6 +137,9 @@ class BindingTable:
         self.workers: dict[str, WorkerView] = {}
         self._by_model: dict[str, list[WorkerView]] = {}
         self._sessions: dict[str, SessionView] = {}
+        self._migrating: dict[str, SessionView] = {}
+        """The Migrating sessions, which the handshake reads on every change: a handful
+        among tens of thousands."""
         self._pinned: Counter[str] = Counter()
         self._turn = itertools.count()
         self._changed = asyncio.Event()
@@ -157,6 +160,10 @@ class BindingTable:
     def sessions(self) -> Iterable[SessionView]:
         """Every known session."""
         return self._sessions.values()
+
+    def migrating_sessions(self) -> Iterable[SessionView]:
+        """Return the sessions Migrating now (each with the operator's migratingSince)."""
+        return self._migrating.values()
 
     def pinned_sessions(self, worker: str) -> int:
         """Sessions bound to ``worker`` that count against its capacity."""
@@ -286,6 +293,7 @@ class BindingTable:
     def replace_session_views(self, views: Iterable[SessionView]) -> None:
         """Replace every session with a fresh list, read into views as it was listed."""
         self._sessions.clear()
+        self._migrating.clear()
         self._pinned.clear()
         for view in views:
             self._add_session(view)
@@ -294,6 +302,8 @@ class BindingTable:
 
     def _add_session(self, view: SessionView) -> None:
         self._sessions[view.name] = view
+        if view.phase == SessionPhase.MIGRATING.value and view.migrating_since is not None:
+            self._migrating[view.name] = view
         if view.pins_worker and view.worker is not None:
             self._pinned[view.worker] += 1
 
@@ -301,6 +311,7 @@ class BindingTable:
         previous = self._sessions.pop(name, None)
         if previous is None:
             return None
+        self._migrating.pop(name, None)
         if previous.pins_worker and previous.worker is not None:
             self._pinned[previous.worker] -= 1
             if self._pinned[previous.worker] <= 0:
