@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 
 import pytest
 
 from sessionfleet.api import Reason, SessionPhase, WorkerPhase
+from sessionfleet.controllers.config import OperatorConfig
+from sessionfleet.controllers.run import add_parser
 from sessionfleet.controllers.turns import WriteTurns
 from sessionfleet.policy.sessions import (
     NOTHING,
@@ -158,3 +161,19 @@ def test_what_holds_a_worker_goes_first_and_cleanup_last(
     decision: SessionDecision, worker: WorkerBrief | None, expected: Urgency
 ) -> None:
     assert urgency_of(decision, worker) is expected
+
+
+def _operator_args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers())
+    return parser.parse_args(["operator", *argv])
+
+
+def test_the_operator_takes_its_session_writes_from_the_command_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert _operator_args().session_writes == OperatorConfig().session_writes == 16
+    assert _operator_args("--session-writes=64").session_writes == 64
+    with pytest.raises(SystemExit):
+        _operator_args("--session-writes=0")
+    assert "--session-writes: must be at least 1, not 0" in capsys.readouterr().err

@@ -11,7 +11,8 @@ It starts a real control plane (the e2e harness) with ``--nodes`` KWOK nodes of
   pods are KWOK's alone (Running and Ready, an IP from its loopback range), and one
   process (``bench/scale/engines.py``) serves every pod's engine at its IP: 500 engine
   processes would not fit in the machine's memory beside the control plane;
-- the operator (``sessionfleet operator``, defaults but ``--scrape-interval``) and
+- the operator (``sessionfleet operator``, defaults but ``--scrape-interval`` and
+  ``--session-writes``) and
   ``--routers`` routers, as real processes;
 - a DrainPolicy that migrates a drained worker's sessions at once.
 
@@ -625,7 +626,8 @@ async def measure(fleet: Fleet, args: argparse.Namespace) -> dict[str, Any]:
         fault_figures = await faults
         queue_peaks = await queue
         api_after = await asyncio.to_thread(fleet.api_server_metrics)
-        op_after = operator_counter(await asyncio.to_thread(fleet.operator.metrics))
+        op_text = await asyncio.to_thread(fleet.operator.metrics)
+        op_after = operator_counter(op_text)
         routers_after = fleet.router_writes()
         results["churn"] = {
             **bind_figures(fleet, arriving, clocks[-1], args.churn_rate),
@@ -642,6 +644,14 @@ async def measure(fleet: Fleet, args: argparse.Namespace) -> dict[str, Any]:
             },
             **fault_figures,
             "session_writes_waiting_peak": queue_peaks,
+            # The operator's own clocks: from the drain's start to Drained, and from a
+            # new epoch's start to Ready (this benchmark lists workers every 2 s only).
+            "operator_drain_seconds": histogram_summary(
+                op_text, "sessionfleet_drain_duration_seconds"
+            ),
+            "operator_recovery_seconds": histogram_summary(
+                op_text, "sessionfleet_recovery_duration_seconds"
+            ),
             "router_rss_mib": fleet.router_rss(),
             "operator_rss_mib": fleet.rss_mib(fleet.operator_pid),
             **profile_of(profile),
@@ -712,6 +722,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--clients", type=int, default=4, help="API clients creating sessions")
     parser.add_argument("--max-in-flight", type=int, default=128, help="open creates at most")
     parser.add_argument("--scrape-interval", type=float, default=15.0)
+    parser.add_argument("--session-writes", type=int, default=16, help="the operator's flag")
     parser.add_argument("--settle", type=float, default=30.0, help="idle seconds before phase 1")
     parser.add_argument("--out", type=Path, help="write the figures as JSON here")
     parser.add_argument(
@@ -742,6 +753,7 @@ async def run(args: argparse.Namespace, cluster: LocalCluster, log_dir: Path) ->
             log_dir,
             "--resync=2",
             f"--scrape-interval={args.scrape_interval}",
+            f"--session-writes={args.session_writes}",
             "--node-not-ready-toleration=30s",
             # The chart's Lease timings: the e2e suite's 4 s renew deadline is for
             # failover tests, and a leader that cannot renew in time exits.

@@ -37,6 +37,8 @@ class OperatorConfig:
     """How often each Ready worker's engine metrics are read."""
     scrape_timeout_seconds: float = 3.0
     max_concurrent_writes: int = 16
+    session_writes: int = 16
+    """Session writes in flight at once; the rest wait by urgency (:mod:`.turns`)."""
     status_coalesce_seconds: float = 5.0
     """A worker's counters (pinned sessions, KV usage…) are written at most this often."""
     counter_writes_per_second: float = 20.0

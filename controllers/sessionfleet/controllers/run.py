@@ -90,6 +90,14 @@ def add_parser(commands: Any) -> None:
         f"only what events touched (default {DEFAULTS.full_resync_seconds:g})",
     )
     parser.add_argument(
+        "--session-writes",
+        type=positive_int,
+        default=DEFAULTS.session_writes,
+        help="session writes (binds, finishes, moves, deletions) in flight at once; the "
+        "others wait, those that hold a drain or a recovery first "
+        f"(default {DEFAULTS.session_writes})",
+    )
+    parser.add_argument(
         "--counter-writes",
         type=non_negative_float,
         default=DEFAULTS.counter_writes_per_second,
@@ -228,6 +236,7 @@ def _run(args: argparse.Namespace) -> int:
         resync_seconds=args.resync,
         full_resync_seconds=args.full_resync,
         counter_writes_per_second=args.counter_writes,
+        session_writes=args.session_writes,
         scrape_interval_seconds=args.scrape_interval,
         ack_timeout=args.ack_timeout,
         checkpoint_timeout=args.checkpoint_timeout,
@@ -288,6 +297,7 @@ async def run_operator(
     from sessionfleet.controllers.events import EventRecorder
     from sessionfleet.controllers.fleet import Fleet
     from sessionfleet.controllers.health import serve_health
+    from sessionfleet.controllers.turns import WriteTurns
     from sessionfleet.controllers.work import WorkQueue
     from sessionfleet.kube import SESSIONS, Kube, KubeConfig
     from sessionfleet.leader import LeaderElector, Leadership, Solo
@@ -343,6 +353,7 @@ async def run_operator(
         leadership=leadership,
         events=events,
         work=WorkQueue(full_every=config.full_resync_seconds),
+        writes=WriteTurns(config.session_writes),
     )
     metrics.LEADER.set_function(lambda: 1.0 if leadership.leading else 0.0)
     start_http_server(config.metrics_port)
