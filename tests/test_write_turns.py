@@ -32,6 +32,19 @@ async def _settle() -> None:
         await asyncio.sleep(0)
 
 
+async def _one_turn_held(urgency: Urgency) -> tuple[WriteTurns, asyncio.Task[None], asyncio.Event]:
+    """Turns for one write at a time, that one held by a task until the event is set."""
+    turns, release = WriteTurns(1), asyncio.Event()
+
+    async def holder() -> None:
+        async with turns.turn(urgency):
+            await release.wait()
+
+    task = asyncio.create_task(holder())
+    await _settle()
+    return turns, task, release
+
+
 async def test_no_more_writes_than_the_limit_hold_a_turn_at_once() -> None:
     turns = WriteTurns(3)
     most = 0
@@ -48,16 +61,8 @@ async def test_no_more_writes_than_the_limit_hold_a_turn_at_once() -> None:
 
 
 async def test_waiting_writes_go_most_urgent_first_and_in_order_within_one() -> None:
-    turns = WriteTurns(1)
+    turns, first, held = await _one_turn_held(Urgency.BIND)
     order: list[str] = []
-    held = asyncio.Event()
-
-    async def holder() -> None:
-        async with turns.turn(Urgency.BIND):
-            await held.wait()
-
-    first = asyncio.create_task(holder())
-    await _settle()
     queued = [
         (Urgency.CLEANUP, "delete"),
         (Urgency.BIND, "bind-1"),
@@ -80,16 +85,8 @@ async def test_waiting_writes_go_most_urgent_first_and_in_order_within_one() -> 
 
 
 async def test_a_write_cancelled_while_it_waits_gives_up_its_place_and_nothing_leaks() -> None:
-    turns = WriteTurns(1)
+    turns, first, held = await _one_turn_held(Urgency.CLEANUP)
     order: list[str] = []
-    held = asyncio.Event()
-
-    async def holder() -> None:
-        async with turns.turn(Urgency.CLEANUP):
-            await held.wait()
-
-    first = asyncio.create_task(holder())
-    await _settle()
     gone = asyncio.create_task(_writer(turns, Urgency.HOLDS_WORKER, "gone", order))
     kept = asyncio.create_task(_writer(turns, Urgency.BIND, "kept", order))
     await _settle()
@@ -105,16 +102,8 @@ async def test_a_write_cancelled_while_it_waits_gives_up_its_place_and_nothing_l
 
 
 async def test_a_write_cancelled_as_its_turn_comes_passes_the_turn_on() -> None:
-    turns = WriteTurns(1)
+    turns, first, held = await _one_turn_held(Urgency.BIND)
     order: list[str] = []
-    held = asyncio.Event()
-
-    async def holder() -> None:
-        async with turns.turn(Urgency.BIND):
-            await held.wait()
-
-    first = asyncio.create_task(holder())
-    await _settle()
     unlucky = asyncio.create_task(_writer(turns, Urgency.HOLDS_WORKER, "unlucky", order))
     next_one = asyncio.create_task(_writer(turns, Urgency.BIND, "next", order))
     await _settle()
