@@ -17,6 +17,7 @@ from sessionfleet.controllers.fleet import EngineStats, Fleet
 from sessionfleet.controllers.loads import WorkerLoads
 from sessionfleet.controllers.loop import due_sessions, reconcile_once, repair
 from sessionfleet.controllers.records import WorkerRecord, worker_record
+from sessionfleet.controllers.sessions import migrate_sessions
 from sessionfleet.controllers.turns import WriteTurns
 from sessionfleet.controllers.work import Batch, Deadlines, WorkQueue, counter_interval
 from sessionfleet.policy.drain import DEFAULT_POLICY, PinnedSession, PolicyChoice
@@ -412,3 +413,20 @@ async def test_a_pass_starts_its_session_steps_and_does_not_wait_for_their_write
     # After the first write (whichever took the free turn): the restore, the binds, the finish.
     assert rest == [n for n in ("held", "new0", "new1", "new2", "done") if n != first]
     assert not fleet.busy_sessions
+
+
+async def test_a_drain_marks_its_sessions_together_not_one_round_trip_after_another() -> None:
+    fleet = _full_fleet(5)  # five sessions bound to w1, which drains
+    target = _worker("w2", capacity={"maxSessions": 10})
+    fleet.workers[target.key] = [target]  # type: ignore[index]
+    kube = HeldWrites()
+    fleet.kube = kube  # type: ignore[assignment]
+    source = fleet.worker("ns", "w1")
+    assert source is not None and source.worker is not None
+    names = tuple(f"s{i}" for i in range(5))
+    marking = asyncio.create_task(migrate_sessions(fleet, source, source.worker, names, False, NOW))
+    for _ in range(50):
+        await asyncio.sleep(0)
+    assert sorted(name for _, name in kube.sent) == list(names)  # all sent, none answered
+    kube.release.set()
+    await asyncio.wait_for(marking, 1.0)
