@@ -8,6 +8,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
@@ -17,7 +18,7 @@ from sessionfleet.controllers.fleet import EngineStats, Fleet
 from sessionfleet.controllers.loads import WorkerLoads
 from sessionfleet.controllers.loop import due_sessions, reconcile_once, repair
 from sessionfleet.controllers.records import WorkerRecord, worker_record
-from sessionfleet.controllers.sessions import migrate_sessions
+from sessionfleet.controllers.sessions import migrate_sessions, reconcile_session
 from sessionfleet.controllers.turns import WriteTurns
 from sessionfleet.controllers.work import Batch, Deadlines, WorkQueue, counter_interval
 from sessionfleet.policy.drain import DEFAULT_POLICY, PinnedSession, PolicyChoice
@@ -372,10 +373,12 @@ class HeldWrites:
     def __init__(self) -> None:
         self.release = asyncio.Event()
         self.sent: list[tuple[str, str]] = []
+        self.bodies: dict[str, Any] = {}
         self.version = 100
 
-    async def patch(self, resource: object, name: str, body: object, namespace: str, **_: object):
+    async def patch(self, resource: object, name: str, body: Any, namespace: str, **_: object):
         self.sent.append(("patch", name))
+        self.bodies[name] = body
         await self.release.wait()
         self.version += 1
         return {"metadata": {"name": name, "resourceVersion": str(self.version)}}
@@ -430,3 +433,49 @@ async def test_a_drain_marks_its_sessions_together_not_one_round_trip_after_anot
     assert sorted(name for _, name in kube.sent) == list(names)  # all sent, none answered
     kube.release.set()
     await asyncio.wait_for(marking, 1.0)
+
+
+async def test_a_step_is_decided_again_when_its_turn_comes() -> None:
+    fleet = _full_fleet(1)
+    kube = HeldWrites()
+    fleet.kube = kube  # type: ignore[assignment]
+    fleet.writes = WriteTurns(1)
+    gone, finished = _session("gone", None), _session("finished", None)
+    for state in (gone, finished):
+        fleet.sessions.put(state)
+    busy = asyncio.create_task(reconcile_session(fleet, _session("first", None), NOW))
+    fleet.sessions.put(_session("first", None))
+    binds = [asyncio.create_task(reconcile_session(fleet, s, NOW)) for s in (gone, finished)]
+    await asyncio.sleep(0.01)
+    assert [name for _, name in kube.sent] == ["first"]  # the others wait for its turn
+    fleet.sessions.drop(gone.key)  # deleted while its bind waited
+    fleet.sessions.put(replace(finished, finished=True))  # finished while it waited
+    kube.release.set()
+    await asyncio.gather(busy, *binds)
+    # No bind for the deleted session; the finished one is written Finished, not bound.
+    assert [name for _, name in kube.sent] == ["first", "finished"]
+    assert kube.bodies["finished"]["status"]["phase"] == "Finished"
+
+
+async def test_a_drain_promotes_the_waiting_finish_of_a_session_on_its_worker() -> None:
+    fleet = _full_fleet(1)  # s0 bound to w1
+    kube = HeldWrites()
+    fleet.kube = kube  # type: ignore[assignment]
+    fleet.writes = WriteTurns(1)
+    first = asyncio.create_task(reconcile_session(fleet, _session("first", None), NOW))
+    fleet.sessions.put(_session("first", None))
+    await asyncio.sleep(0.01)
+    new = [_session(f"new{i}", None) for i in range(3)]
+    for state in new:
+        fleet.sessions.put(state)
+    binds = [asyncio.create_task(reconcile_session(fleet, s, NOW)) for s in new]
+    finishing = replace(fleet.session("ns", "s0"), finished=True)  # type: ignore[arg-type]
+    fleet.sessions.put(finishing)
+    finish = asyncio.create_task(reconcile_session(fleet, finishing, NOW))
+    await asyncio.sleep(0.01)
+    source = fleet.worker("ns", "w1")
+    assert source is not None and source.worker is not None
+    await migrate_sessions(fleet, source, source.worker, ("s0",), False, NOW)
+    kube.release.set()
+    await asyncio.gather(first, finish, *binds)
+    assert [name for _, name in kube.sent] == ["first", "s0", "new0", "new1", "new2"]

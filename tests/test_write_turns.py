@@ -166,3 +166,24 @@ def test_the_operator_takes_its_session_writes_from_the_command_line(
     with pytest.raises(SystemExit):
         _operator_args("--session-writes=0")
     assert "--session-writes: must be at least 1, not 0" in capsys.readouterr().err
+
+
+async def test_a_promoted_write_goes_before_those_it_waited_behind() -> None:
+    turns, first, held = await _one_turn_held(Urgency.BIND)
+    order: list[str] = []
+
+    async def keyed(urgency: Urgency, name: str) -> None:
+        async with turns.turn(urgency, key=name):
+            order.append(name)
+
+    tasks = [asyncio.create_task(keyed(Urgency.BIND, f"bind-{i}")) for i in range(3)]
+    tasks.append(asyncio.create_task(keyed(Urgency.FINISH, "finish")))
+    await _settle()
+    assert turns.promote("finish", Urgency.HOLDS_WORKER)
+    assert not turns.promote("finish", Urgency.BIND)  # already more urgent than that
+    assert not turns.promote("nobody", Urgency.HOLDS_WORKER)
+    assert turns.waiting == {Urgency.BIND: 3, Urgency.HOLDS_WORKER: 1}
+    held.set()
+    await asyncio.gather(first, *tasks)
+    assert order == ["finish", "bind-0", "bind-1", "bind-2"]  # granted once, not twice
+    assert turns.writing == 0 and not turns.waiting and not turns._by_key

@@ -51,24 +51,20 @@ from sessionfleet.resources.status import (
 log = logging.getLogger(__name__)
 
 
-async def _patch_status(
-    fleet: Fleet, session: SessionState, status: dict[str, Any], urgency: Urgency
-) -> bool:
+async def _patch_status(fleet: Fleet, session: SessionState, status: dict[str, Any]) -> bool:
+    """Write the session's status; the caller holds its write turn (:mod:`.turns`)."""
     try:
-        # Session writes are bounded: a burst queues here, the most urgent first
-        # (:mod:`.turns`), not in the API client.
-        async with fleet.writes.turn(urgency):
-            body = await fleet.kube.patch(
-                SESSIONS,
-                session.name,
-                {"status": status},
-                session.namespace,
-                status=True,
-                # Decided from this copy: if anyone wrote the session since (a router's
-                # usage, or another operator replica that believed it led), the write
-                # fails and the next pass decides again from the newer copy.
-                resource_version=session.resource_version or None,
-            )
+        body = await fleet.kube.patch(
+            SESSIONS,
+            session.name,
+            {"status": status},
+            session.namespace,
+            status=True,
+            # Decided from this copy: if anyone wrote the session since (a router's
+            # usage, or another operator replica that believed it led), the write
+            # fails and the next pass decides again from the newer copy.
+            resource_version=session.resource_version or None,
+        )
     except (NotFound, Conflict):
         return False
     metrics.API_WRITES.labels("patch", "agentsessions/status").inc()
@@ -93,8 +89,14 @@ def _brief(fleet: Fleet, session: SessionState) -> WorkerBrief | None:
 
 def next_step(fleet: Fleet, session: SessionState, now: datetime) -> SessionDecision | None:
     """Return the step the session needs now, or None. No I/O: the loop filters with it."""
+    if session.key in fleet.busy_sessions:
+        return None
+    return _decide(fleet, session, now)
+
+
+def _decide(fleet: Fleet, session: SessionState, now: datetime) -> SessionDecision | None:
     key = session.key
-    if key in fleet.busy_sessions or fleet.freshness.is_stale(key, session.resource_version):
+    if fleet.freshness.is_stale(key, session.resource_version):
         return None
     if fleet.deleted_sessions.get(key, -1) >= session.resource_version:
         return None  # we deleted it; the index shows it until the watch reports that
@@ -105,14 +107,25 @@ def next_step(fleet: Fleet, session: SessionState, now: datetime) -> SessionDeci
 
 
 async def reconcile_session(fleet: Fleet, session: SessionState, now: datetime) -> None:
-    """Take the next step for one session, if it needs one."""
+    """Take the next step for one session, if it needs one, once its write's turn comes.
+
+    The step is decided again when the turn comes, from the copy the watch holds then
+    and at that time: the wait can be minutes when writes are asked for faster than the
+    API server answers (:mod:`.turns`), and meanwhile the session may have been finished,
+    used (its resourceVersion moved) or deleted, and the workers' loads have changed.
+    """
     decision = next_step(fleet, session, now)
     if decision is None:
         return
     key = session.key
     fleet.busy_sessions.add(key)
     try:
-        await _act(fleet, session, decision, now)
+        async with fleet.writes.turn(urgency_of(decision, _brief(fleet, session)), key):
+            current = fleet.session(*key)
+            now = datetime.now(UTC)
+            decision = _decide(fleet, current, now) if current is not None else None
+            if current is not None and decision is not None:
+                await _act(fleet, current, decision, now)
     except KubeError as error:
         log.warning("session %s/%s: %s", session.namespace, session.name, error)
     finally:
@@ -129,8 +142,7 @@ async def _act(
         await bind(fleet, session, now)
     elif decision.action is Action.DELETE:
         try:
-            async with fleet.writes.turn(Urgency.CLEANUP):
-                await fleet.kube.delete(SESSIONS, session.name, session.namespace)
+            await fleet.kube.delete(SESSIONS, session.name, session.namespace)
             metrics.API_WRITES.labels("delete", "agentsessions").inc()
         except NotFound:
             pass
@@ -147,8 +159,7 @@ async def _act(
             now,
             binding=(brief.epoch, brief.pod) if brief is not None else None,
         )
-        step = urgency_of(decision, _brief(fleet, session))
-        written = await _patch_status(fleet, session, status, step)
+        written = await _patch_status(fleet, session, status)
         if written and brief is not None and session.phase is SessionPhase.RESTORING:
             fleet.notify(
                 session_ref(session),
@@ -190,7 +201,6 @@ async def bind(fleet: Fleet, session: SessionState, now: datetime) -> None:
             fleet,
             session,
             session_pending_status(session.generation, placement.reason, placement.message, now),
-            Urgency.BIND,
         )
         return
     record = fleet.worker(session.namespace, placement.worker)
@@ -207,7 +217,6 @@ async def bind(fleet: Fleet, session: SessionState, now: datetime) -> None:
             placement.message,
             now,
         ),
-        Urgency.BIND,
     )
     if not bound:
         fleet.ledger.settle(session.key)
@@ -251,7 +260,11 @@ async def migrate_sessions(
     candidates = []
     for name in names:
         session = fleet.session(namespace, name)
-        if session is None or session.worker != source.name or session.key in fleet.busy_sessions:
+        if session is None or session.worker != source.name:
+            continue
+        if session.key in fleet.busy_sessions:
+            # Its write (a finish, say) may wait behind every bind: the drain waits on it.
+            fleet.writes.promote(session.key, Urgency.HOLDS_WORKER)
             continue
         if fleet.freshness.is_stale(session.key, session.resource_version):
             continue
@@ -335,9 +348,9 @@ async def _together(steps: Iterable[Coroutine[Any, Any, None]]) -> None:
 
 async def _mark_migrating(fleet: Fleet, session: SessionState, message: str, now: datetime) -> None:
     """Start the turn-boundary handshake: routers hold the session's next turn and ack."""
-    if await _patch_status(
-        fleet, session, session_migrating_status(message, now), Urgency.HOLDS_WORKER
-    ):
+    async with fleet.writes.turn(Urgency.HOLDS_WORKER, session.key):
+        marked = await _patch_status(fleet, session, session_migrating_status(message, now))
+    if marked:
         fleet.notify(
             session_ref(session),
             Notice(EventType.NORMAL, "MigrationStarted", "Migrate", message),
@@ -393,15 +406,6 @@ async def _rebind(
     saved: tuple[str, CheckpointOutcome] | None,
     now: datetime,
 ) -> None:
-    # A save can take minutes: rebind from the copy the index holds now, and only if it
-    # is still on the source (the write fails if anyone changes it meanwhile).
-    current = fleet.session(session.namespace, session.name)
-    if current is None or current.worker != source:
-        fleet.ledger.settle(session.key)
-        return
-    session = current
-    record = fleet.worker(session.namespace, target)
-    status = record.status if record is not None else None
     checkpoint = None
     if saved is not None:
         checkpoint, outcome = saved
@@ -409,19 +413,28 @@ async def _rebind(
         how = f"through checkpoint {checkpoint} ({tokens} tokens)"
     else:
         how = "without cache: its prefix is recomputed at the next turn"
-    moved = await _patch_status(
-        fleet,
-        session,
-        session_rebound_status(
-            target,
-            status.pod if status else None,
-            status.epoch if status else None,
-            [*session.migrations, migration(source, target, now, checkpoint)],
-            f"migrated from draining worker {source} {how}; {why}",
-            now,
-        ),
-        Urgency.HOLDS_WORKER,
-    )
+    async with fleet.writes.turn(Urgency.HOLDS_WORKER, session.key):
+        # A save can take minutes, a turn seconds: rebind from the copy the index holds
+        # now, and only if it is still on the source (the write fails if anyone changes
+        # it meanwhile).
+        current = fleet.session(session.namespace, session.name)
+        moved = False
+        if current is not None and current.worker == source:
+            session = current
+            record = fleet.worker(session.namespace, target)
+            status = record.status if record is not None else None
+            moved = await _patch_status(
+                fleet,
+                session,
+                session_rebound_status(
+                    target,
+                    status.pod if status else None,
+                    status.epoch if status else None,
+                    [*session.migrations, migration(source, target, now, checkpoint)],
+                    f"migrated from draining worker {source} {how}; {why}",
+                    now,
+                ),
+            )
     if moved:
         metrics.MIGRATIONS.labels(MigrationReason.DRAIN.value).inc()
         fleet.notify(
