@@ -286,7 +286,12 @@ class Process:
 
 
 def start_router(
-    kubeconfig: Path, namespace: str, replica: str, logs: Path, *extra: str
+    kubeconfig: Path,
+    namespace: str,
+    replica: str,
+    logs: Path,
+    *extra: str,
+    ready_within: float = 30,
 ) -> tuple[str, Process]:
     """``sessionfleet router`` for one namespace on a free loopback port, once it is ready.
 
@@ -309,7 +314,7 @@ def start_router(
         logs / f"router-{replica}.log",
     )
     url = f"http://127.0.0.1:{port}"
-    router.wait_http(f"{url}/readyz")
+    router.wait_http(f"{url}/readyz", timeout=ready_within)
     return url, router
 
 
