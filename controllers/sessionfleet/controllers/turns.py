@@ -5,9 +5,9 @@ fleet loop's pass (finishes, deletions, restores) and a worker's drain (migratio
 When they are asked for faster than the API server answers, they wait here. With a
 first-come queue (an ``asyncio.Semaphore``) a burst of binds queued thousands deep in
 front of everything else: at 20,000 live sessions and 100 finishes a second, no drain
-and no recovery ended within a minute, and 89 of 6,000 finished sessions were deleted
-(``make bench-scale``, bench/README.md). Here a waiting write is served by urgency
-(:class:`sessionfleet.policy.sessions.Urgency`), first come first served within one.
+and no recovery ended within a minute (``make bench-scale``, bench/README.md). Here a
+waiting write is served by urgency (:class:`sessionfleet.policy.sessions.Urgency`),
+first come first served within one.
 """
 
 from __future__ import annotations

@@ -138,8 +138,8 @@ class BindingTable:
         self._by_model: dict[str, list[WorkerView]] = {}
         self._sessions: dict[str, SessionView] = {}
         self._migrating: dict[str, SessionView] = {}
-        """The Migrating sessions, which the handshake reads on every change: a handful
-        among tens of thousands."""
+        """The Migrating sessions, which the handshake reads on every change: a drain's
+        few hundred among tens of thousands."""
         self._pinned: Counter[str] = Counter()
         self._turn = itertools.count()
         self._changed = asyncio.Event()
