@@ -314,7 +314,11 @@ def start_router(
         logs / f"router-{replica}.log",
     )
     url = f"http://127.0.0.1:{port}"
-    router.wait_http(f"{url}/readyz", timeout=ready_within)
+    try:
+        router.wait_http(f"{url}/readyz", timeout=ready_within)
+    except BaseException:
+        router.stop()  # not left running behind a failed start
+        raise
     return url, router
 
 
