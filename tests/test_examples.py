@@ -52,4 +52,4 @@ def test_wire_round_trip_keeps_camel_case() -> None:
     spec = worker.spec.wire()  # type: ignore[attr-defined]
     assert spec["drainPolicyRef"] == "eks-upgrade"
     assert spec["capacity"]["kvTokens"] == 1_500_000
-    assert spec["checkpoint"]["storage"]["remoteUrl"].startswith("redis://")
+    assert spec["checkpoint"]["kvStore"] == {"type": "Sessionfleet", "maxGiB": 500}

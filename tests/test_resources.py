@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -40,7 +41,7 @@ def test_vllm_pod_has_prefix_caching_usage_details_and_a_fixed_hash_seed() -> No
     assert engine["args"][-2:] == ["--max-model-len", "200000"]  # the user's come last
     assert {"name": "PYTHONHASHSEED", "value": "0"} in engine["env"]
     assert engine["resources"]["limits"]["nvidia.com/gpu"] == 2
-    assert engine["image"].startswith("vllm/vllm-openai:")
+    assert engine["image"].startswith("ghcr.io/sessionfleet/sessionfleet-vllm:")
     assert {"name": "dshm", "mountPath": "/dev/shm"} in engine["volumeMounts"]
 
 
@@ -133,10 +134,13 @@ def test_label_value() -> None:
     assert len(long) <= 63 and long[-1].isalnum()
 
 
-def test_a_vllm_worker_with_a_shared_store_gets_the_lmcache_connector() -> None:
+def test_a_vllm_worker_with_kv_store_lmcache_gets_the_lmcache_connector() -> None:
     pod = build_pod(
         worker(
-            checkpoint={"storage": {"remoteUrl": "redis://lmcache:6379"}},
+            checkpoint={
+                "storage": {"remoteUrl": "redis://lmcache:6379"},
+                "kvStore": {"type": "LMCache"},
+            },
             engine={"env": [{"name": "LMCACHE_CHUNK_SIZE", "value": "512"}]},
         ),
         1,
@@ -149,5 +153,59 @@ def test_a_vllm_worker_with_a_shared_store_gets_the_lmcache_connector() -> None:
     assert env["LMCACHE_CHUNK_SIZE"] == "512"  # the user's setting wins
     assert env["PYTHONHASHSEED"] == "0"
     plain = container(build_pod(worker(), 1))
-    assert "--kv-transfer-config" not in plain["args"]
+    assert "LMCacheConnectorV1" not in " ".join(plain["args"])
     assert not any(e["name"].startswith("LMCACHE_") for e in plain["env"])
+
+
+def test_a_vllm_worker_gets_the_sessionfleet_kv_store_by_default() -> None:
+    from sessionfleet.resources.kvstore import store_root
+
+    engine = container(build_pod(worker(checkpoint={"kvStore": {"maxGiB": 2}}), 1))
+    config = json.loads(engine["args"][engine["args"].index("--kv-transfer-config") + 1])
+    assert config["kv_connector"] == "SessionfleetKVConnector"
+    assert config["kv_connector_module_path"] == "sessionfleet.kvstore.connector"
+    # A block that fails to load is recomputed; vLLM's default would fail the request.
+    assert config["kv_load_failure_policy"] == "recompute"
+    extra = config["kv_connector_extra_config"]
+    assert extra == {
+        "root": "/var/lib/sessionfleet/checkpoints/kv/ns/Qwen-Qwen3-32B",
+        "max_bytes": 2 * 2**30,
+    }
+    assert extra["root"] == store_root(worker())  # every worker of the model: one store
+    # The operator's control requests carry the pod's UID, which vLLM reads from here.
+    assert {
+        "name": "SESSIONFLEET_KVSTORE_TOKEN",
+        "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}},
+    } in engine["env"]
+
+
+def test_no_kv_store_for_the_simulated_engine_driver_none_type_none_or_the_users_own() -> None:
+    for spec in (
+        {"engine": {"type": "sim"}},
+        {"checkpoint": {"driver": "none"}},
+        {"checkpoint": {"kvStore": {"type": "None"}}},
+    ):
+        engine = container(build_pod(worker(**spec), 1))
+        assert "--kv-transfer-config" not in engine["args"], spec
+        assert not any(e["name"] == "SESSIONFLEET_KVSTORE_TOKEN" for e in engine["env"])
+    own = ["--kv-transfer-config", '{"kv_connector":"NixlConnector","kv_role":"kv_both"}']
+    args = container(build_pod(worker(engine={"args": own}), 1))["args"]
+    assert args.count("--kv-transfer-config") == 1 and args[-2:] == own
+
+
+def test_vllm_offloading_puts_its_file_tier_in_the_shared_store() -> None:
+    engine = container(build_pod(worker(checkpoint={"kvStore": {"type": "VllmOffloading"}}), 1))
+    config = json.loads(engine["args"][engine["args"].index("--kv-transfer-config") + 1])
+    assert config["kv_connector"] == "OffloadingConnector"
+    (tier,) = config["kv_connector_extra_config"]["secondary_tiers"]
+    assert tier == {
+        "type": "fs",
+        "root_dir": "/var/lib/sessionfleet/checkpoints/kv/ns/Qwen-Qwen3-32B",
+    }
+
+
+def test_kv_store_lmcache_needs_the_shared_stores_url() -> None:
+    with pytest.raises(ValueError, match="LMCache needs storage.remoteUrl"):
+        worker(checkpoint={"kvStore": {"type": "LMCache"}})
+    with pytest.raises(ValueError):
+        worker(checkpoint={"kvStore": {"maxGiB": -1}})

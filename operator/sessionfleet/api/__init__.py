@@ -56,6 +56,7 @@ from sessionfleet.api.worker import (
     InferenceWorker,
     InferenceWorkerSpec,
     InferenceWorkerStatus,
+    KVStoreType,
     WorkerPhase,
 )
 
@@ -89,6 +90,7 @@ __all__ = [
     "InferenceWorker",
     "InferenceWorkerSpec",
     "InferenceWorkerStatus",
+    "KVStoreType",
     "KindInfo",
     "LabelSelector",
     "MigrationReason",

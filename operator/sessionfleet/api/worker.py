@@ -63,7 +63,7 @@ class EngineSpec(ApiModel):
     image: Annotated[str, StringConstraints(max_length=512)] | None = Field(
         default=None,
         description="The container image; defaults to the operator's image for the engine type.",
-        examples=["vllm/vllm-openai:v0.11.0"],
+        examples=["registry.example.com/sessionfleet-vllm:0.32.0"],
     )
     args: list[Annotated[str, StringConstraints(max_length=4096)]] = Field(
         default_factory=list,
@@ -210,7 +210,55 @@ class CheckpointStorage(ApiModel):
         | None
     ) = Field(
         default=None,
-        description="A shared KV store for the engine driver (LMCache remote_url), redis://host:6379.",
+        description=(
+            "The shared store of kvStore.type LMCache (its remote_url), "
+            "such as redis://host:6379."
+        ),
+    )
+
+
+class KVStoreType(DescribedEnum):
+    """The KV store a vLLM worker's engine saves its prefix blocks to and loads them from."""
+
+    SESSIONFLEET = (
+        "Sessionfleet",
+        "sessionfleet's KV connector (vLLM's connector interface, CPU and CUDA): every "
+        "engine of the model saves its completed prefix blocks under the checkpoint "
+        "storage and loads any saved prefix, so a moved or restarted session continues "
+        "from its cache (docs/kvstore.md).",
+    )
+    LMCACHE = (
+        "LMCache",
+        "LMCache's connector with the shared remote store in storage.remoteUrl "
+        "(GPU fleets; not in the project's image).",
+    )
+    VLLM_OFFLOADING = (
+        "VllmOffloading",
+        "vLLM's own OffloadingConnector with a file-system tier under the checkpoint "
+        "storage, shared by every engine of the model (CUDA or XPU GPUs only).",
+    )
+    NONE = "None", "No KV store: a moved or restarted session recomputes its prefix."
+
+
+MAX_KV_STORE_GIB = 1_000_000
+
+
+class KVStoreSettings(ApiModel):
+    """The KV store of a vLLM worker (ignored by the simulated engine, which exports its own)."""
+
+    type: KVStoreType = Field(
+        default=KVStoreType.SESSIONFLEET, description="Which KV store the engine uses."
+    )
+    max_gib: int = Field(
+        default=100,
+        alias="maxGiB",
+        ge=0,
+        le=MAX_KV_STORE_GIB,
+        description=(
+            "Sessionfleet store only: the most GiB of blocks kept for this worker's model "
+            "in its storage (0: no cap), 0 to 1000000. Above it the least recently used "
+            "blocks are removed."
+        ),
     )
 
 
@@ -242,8 +290,26 @@ class CheckpointSettings(ApiModel):
         json_schema_extra=nested_default(),
         description="Where checkpoints are written.",
     )
+    kv_store: KVStoreSettings = Field(
+        default_factory=KVStoreSettings,
+        json_schema_extra=nested_default(),
+        description=(
+            "vLLM only: the KV store that carries sessions' prefixes across workers and "
+            "epochs (used with every driver but none)."
+        ),
+    )
 
-    cel_rules: ClassVar[tuple[CelRule, ...]] = (CHECKPOINT_INTERVAL.rule("interval", "interval"),)
+    cel_rules: ClassVar[tuple[CelRule, ...]] = (
+        CHECKPOINT_INTERVAL.rule("interval", "interval"),
+        CelRule(
+            rule="!has(self.kvStore) || !has(self.kvStore.type) || "
+            "self.kvStore.type != 'LMCache' || (has(self.storage) && has(self.storage.remoteUrl))",
+            message="kvStore.type LMCache needs storage.remoteUrl (the shared store's URL)",
+            field_path=".kvStore.type",
+            check=lambda s: s.kv_store.type != KVStoreType.LMCACHE
+            or s.storage.remote_url is not None,
+        ),
+    )
 
 
 class InferenceWorkerSpec(ApiModel):

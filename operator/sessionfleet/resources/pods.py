@@ -9,6 +9,7 @@ from typing import Any
 from sessionfleet._version import __version__
 from sessionfleet.api import API_VERSION, CheckpointDriver, EngineType, InferenceWorker
 from sessionfleet.policy.worker import pod_name
+from sessionfleet.resources.kvstore import kv_store_args, kv_store_env
 from sessionfleet.resources.labels import (
     CA_SAFE_TO_EVICT,
     EPOCH_LABEL,
@@ -19,18 +20,19 @@ from sessionfleet.resources.labels import (
 )
 from sessionfleet.resources.names import label_value
 
-# vLLM only hits prefixes saved by another (or a restarted) worker when Python's
-# hash seed is the same everywhere (docs/background.md, "vLLM interfaces").
+# vLLM's block hashes (and so the KV store's file names) start from a seed that
+# PYTHONHASHSEED sets: the same everywhere, so one worker hits the prefixes another (or
+# its own earlier epoch) saved (docs/kvstore.md).
 PYTHONHASHSEED = "0"
 VLLM_DEV_MODE = "VLLM_SERVER_DEV_MODE"
-LMCACHE_CONNECTOR = '{"kv_connector":"LMCacheConnectorV1","kv_role":"kv_both"}'
 
 
 @dataclass(frozen=True, slots=True)
 class EngineImages:
     """Default images when a worker's spec names none."""
 
-    vllm: str = "vllm/vllm-openai:v0.11.0"
+    vllm: str = f"ghcr.io/sessionfleet/sessionfleet-vllm:{__version__}"
+    """Dockerfile.vllm's image: vLLM with the KV connector the default kvStore loads."""
     sim: str = f"ghcr.io/sessionfleet/sessionfleet:{__version__}"
 
 
@@ -72,13 +74,6 @@ def engine_args(worker: InferenceWorker) -> list[str]:
         if spec.capacity.kv_tokens:
             args.append(f"--kv-tokens={spec.capacity.kv_tokens}")
         return [*args, *spec.engine.args]
-    lmcache = []
-    if spec.checkpoint.storage.remote_url and not any(
-        a.startswith("--kv-transfer-config") for a in spec.engine.args
-    ):
-        # KV goes to LMCache's shared store as it is computed; any worker with the same
-        # hash seed hits it, which is how the engine driver's checkpoints work for vLLM.
-        lmcache = ["--kv-transfer-config", LMCACHE_CONNECTOR]
     return [
         spec.model,
         "--served-model-name",
@@ -91,30 +86,9 @@ def engine_args(worker: InferenceWorker) -> list[str]:
         "--enable-prompt-tokens-details",
         "--enable-force-include-usage",
         f"--tensor-parallel-size={max(spec.gpus, 1)}",
-        *lmcache,
+        *kv_store_args(worker),
         *spec.engine.args,
     ]
-
-
-def lmcache_env(worker: InferenceWorker) -> list[dict[str, str]]:
-    """LMCache's settings for a vLLM worker with a shared KV store, as environment variables.
-
-    A local CPU tier in front of the shared remote store (``storage.remoteUrl``, such as
-    ``redis://lmcache:6379``); variables the user sets in ``engine.env`` win.
-    """
-    spec = worker.spec
-    url = spec.checkpoint.storage.remote_url
-    if spec.engine.type is not EngineType.VLLM or not url:
-        return []
-    mine = {e.name for e in spec.engine.env}
-    settings = {
-        "LMCACHE_REMOTE_URL": url,
-        "LMCACHE_REMOTE_SERDE": "naive",
-        "LMCACHE_CHUNK_SIZE": "256",
-        "LMCACHE_LOCAL_CPU": "True",
-        "LMCACHE_MAX_LOCAL_CPU_SIZE": "20",
-    }
-    return [{"name": k, "value": v} for k, v in settings.items() if k not in mine]
 
 
 def engine_env(worker: InferenceWorker) -> list[dict[str, str]]:
@@ -165,7 +139,7 @@ def build_pod(
     env: list[dict[str, Any]] = [
         {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
         {"name": "PYTHONHASHSEED", "value": PYTHONHASHSEED},
-        *lmcache_env(worker),
+        *kv_store_env(worker),
         *engine_env(worker),
         *({"name": e.name, "value": e.value} for e in engine.env),
     ]

@@ -1,0 +1,15 @@
+"""Names shared by the KV connector inside vLLM and the operator that configures and asks it."""
+
+from typing import Final
+
+CONNECTOR_CLASS: Final = "SessionfleetKVConnector"
+"""The connector's class, as ``--kv-transfer-config`` names it (``kv_connector``)."""
+CONNECTOR_MODULE: Final = "sessionfleet.kvstore.connector"
+"""The module vLLM imports it from (``kv_connector_module_path``)."""
+TOKEN_ENV: Final = "SESSIONFLEET_KVSTORE_TOKEN"
+"""The token the operator's control requests carry: the pod's UID, from the downward API.
+
+Reading it takes read access to the worker's pods; a client of the router has none.
+"""
+CONTROL_KEY: Final = "sessionfleet"
+"""The key of the operator's control requests in ``kv_transfer_params``."""
