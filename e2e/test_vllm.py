@@ -67,8 +67,15 @@ SEQUENCES = 8
 START_TIMEOUT = 300
 
 
-def vllm_worker(name: str, **spec: Any) -> dict[str, Any]:
-    """An InferenceWorker of the production engine type, on a backed pod."""
+def vllm_worker(name: str, store: Path | None = None, **spec: Any) -> dict[str, Any]:
+    """An InferenceWorker of the production engine type, on a backed pod.
+
+    ``store``: the checkpoint storage every worker of the test shares (a ReadWriteMany
+    volume in a cluster; a directory of this machine here), under which the KV store is.
+    """
+    if store is not None:
+        checkpoint = spec.setdefault("checkpoint", {})
+        checkpoint.setdefault("storage", {})["path"] = str(store)
     return {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "InferenceWorker",
@@ -177,7 +184,17 @@ def test_the_operators_vllm_pod_maps_onto_the_local_engine_in_one_documented_pla
     # What the user sets wins over what the machine adds.
     mine = vllm_argv(install, ["m", "--max-model-len", "1024"], "127.0.0.2")
     assert not any(a.startswith("--max-model-len=") for a in mine)
-    for refused in (["m", "--tensor-parallel-size=2"], ["m", "--kv-transfer-config", "{}"]):
+    # The default KV store is sessionfleet's connector, which runs here as it is.
+    i = container["args"].index("--kv-transfer-config")
+    assert json.loads(argv[argv.index("--kv-transfer-config") + 1]) == json.loads(
+        container["args"][i + 1]
+    )
+    lmcache = '{"kv_connector":"LMCacheConnectorV1","kv_role":"kv_both"}'
+    for refused in (
+        ["m", "--tensor-parallel-size=2"],
+        ["m", "--kv-transfer-config", lmcache],
+        ["m", "--kv-transfer-config", "{not json"],
+    ):
         with pytest.raises(PodSpecError):
             vllm_argv(install, refused, "127.0.0.2")
     assert not is_vllm_image("ghcr.io/sessionfleet/sessionfleet:1.0")
@@ -199,8 +216,9 @@ def test_a_session_on_real_vllm_keeps_its_cache_moves_on_a_drain_and_survives_a_
     tmp_path: Path,
 ) -> None:
     crs.create(drain_policy("move", mode="Migrate", deadline="5m"))
+    store = tmp_path / "checkpoints"
     for index, name in enumerate(("a", "b")):
-        crs.create(on_own_nodes(vllm_worker(name), namespace, own_nodes[index]))
+        crs.create(on_own_nodes(vllm_worker(name, store), namespace, own_nodes[index]))
     started = time.monotonic()
     wait_for(
         operator,
@@ -254,8 +272,9 @@ def test_a_session_on_real_vllm_keeps_its_cache_moves_on_a_drain_and_survives_a_
         with pytest.raises(EngineError, match="404"):
             asyncio.run(pause_and_resume(endpoint))
 
-        # 4. A drain with Migrate moves the session at a turn boundary. Without a KV
-        # store (LMCache) the new worker prefills the whole conversation again.
+        # 4. A drain with Migrate moves the session at a turn boundary. The new worker
+        # loads the prefix the old one saved to the KV store: only the last partial
+        # block and the new question are computed.
         (source_node,) = [n for i, n in enumerate(own_nodes) if ("a", "b")[i] == home]
         name = next(iter(bound_to(crs)))
         wait_for(
@@ -272,23 +291,49 @@ def test_a_session_on_real_vllm_keeps_its_cache_moves_on_a_drain_and_survives_a_
             timeout=120,
             what="the session moved to the other worker",
         )
-        moved = turn(url, "agent", history, "the next turn, after the move")
+        last_prompt = prompts[-1]
+        question = list(history)
+        moved = turn(url, "agent", history, "the next turn, after the move", temperature=0)
         assert moved.headers["x-sessionfleet-worker"] == other
         prompt, cached = usage(moved)
-        assert cached == 0, "nothing carried the KV state across: a full prefill"
+        # Every whole block of the previous turn's prompt came from the store.
+        assert cached >= last_prompt - BLOCK, (last_prompt, prompt, cached)
         (migration,) = crs.status("agentsessions", name)["migrations"]
-        assert migration["to"] == other and migration.get("checkpoint") is None
-        # The router counts the recomputation into the session's status, as vLLM reported it.
+        assert migration["to"] == other and migration.get("checkpoint")
+        # The Drain checkpoint records what the store held for the session.
+        saved = crs.status("workercheckpoints", migration["checkpoint"])
+        assert saved["phase"] == "Succeeded" and saved["totalTokens"] >= last_prompt - BLOCK, saved
+        # The router counts the (small) recomputation into the session's status.
         wait_for(
             operator,
             lambda: (
                 (crs.status("agentsessions", name).get("recomputedTokens") or 0)
-                >= recomputed_before + prompt
+                == recomputed_before + prompt - cached
             ),
             timeout=30,
             what="the move's recomputed tokens in the session's status",
         )
-        print(f"after the move: {prompt} prompt tokens recomputed on {other} (cached 0)")
+        assert prompt - cached <= prompt - last_prompt + BLOCK
+        print(
+            f"after the move: {cached} of {prompt} prompt tokens loaded from the KV store on "
+            f"{other}, {prompt - cached} recomputed (previous prompt {last_prompt})"
+        )
+        # Correctness: the same turn computed from scratch (a cache salt changes every
+        # block hash, so neither the engine's cache nor the store serves it) answers the
+        # same tokens at temperature 0 as the turn served from loaded KV.
+        scratch = httpx.post(
+            f"{crs.status('inferenceworkers', other)['endpoint']}/v1/chat/completions",
+            json={
+                "model": MODEL,
+                "messages": question,
+                "max_tokens": 8,
+                "temperature": 0,
+                "cache_salt": "recompute-from-scratch",
+            },
+            timeout=120,
+        ).json()
+        assert scratch["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+        assert scratch["choices"][0]["message"]["content"] == history[-1]["content"]
         again = turn(url, "agent", history, "and the turn after that")
         # Cached on the new worker from now on (whole blocks, as above).
         assert usage(again)[1] >= (prompt // BLOCK - 1) * BLOCK
@@ -313,7 +358,10 @@ def test_a_session_on_real_vllm_keeps_its_cache_moves_on_a_drain_and_survives_a_
         )
         after_crash = turn(url, "agent", history, "after the crash")
         assert after_crash.headers["x-sessionfleet-worker"] == other
-        assert usage(after_crash)[1] == 0  # a new engine: the prefix is computed again
+        # A new engine with an empty cache: the prefix comes from the store.
+        prompt, cached = usage(after_crash)
+        assert cached >= 0.9 * prompt, (prompt, cached)
+        print(f"after the crash: {cached} of {prompt} prompt tokens loaded from the KV store")
         status = crs.status("agentsessions", name)
         assert status["phase"] == "Bound" and status["worker"] == other
     finally:

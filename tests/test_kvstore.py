@@ -287,3 +287,13 @@ def test_a_session_tag_is_an_agentsession_name_or_nothing() -> None:
     assert session_tag("claude-code-1-3f2a9c0d1e2b") == "claude-code-1-3f2a9c0d1e2b"
     for bad in (None, 7, "", "../x", "Upper", "a" * 300, "with space"):
         assert session_tag(bad) is None
+
+
+def test_sessions_not_live_and_idle_past_the_grace_are_stale(store: BlockStore) -> None:
+    now = 10_000.0
+    store.write_manifest(Manifest("live", (block_hash(1),), 4, now - 5000))
+    store.write_manifest(Manifest("finished", (block_hash(2),), 4, now - 5000))
+    store.write_manifest(Manifest("brand-new", (block_hash(3),), 4, now - 10))
+    # "brand-new" began after the operator listed the live sessions: within the grace.
+    assert store.stale_sessions(["live"], now, grace=300) == ["finished"]
+    assert store.stale_sessions(["live"], now, grace=5) == ["brand-new", "finished"]

@@ -172,11 +172,8 @@ def test_a_vllm_worker_gets_the_sessionfleet_kv_store_by_default() -> None:
         "max_bytes": 2 * 2**30,
     }
     assert extra["root"] == store_root(worker())  # every worker of the model: one store
-    # The operator's control requests carry the pod's UID, which vLLM reads from here.
-    assert {
-        "name": "SESSIONFLEET_KVSTORE_TOKEN",
-        "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}},
-    } in engine["env"]
+    # The operator's control requests carry the worker's UID, which vLLM reads from here.
+    assert {"name": "SESSIONFLEET_KVSTORE_TOKEN", "value": "u-1"} in engine["env"]
 
 
 def test_no_kv_store_for_the_simulated_engine_driver_none_type_none_or_the_users_own() -> None:

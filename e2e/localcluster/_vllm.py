@@ -14,7 +14,9 @@ arguments the operator wrote, except where this machine cannot take them:
   and each serves at its own 127.x pod IP;
 * ``--tensor-parallel-size=N``: kept for 1, refused for more (tensor parallelism
   needs N GPUs);
-* ``--kv-transfer-config``: refused (LMCache's connector is not installed here);
+* ``--kv-transfer-config``: kept for sessionfleet's own connector (the image has the
+  package; here ``PYTHONPATH`` names this checkout's), refused for any other (LMCache
+  does not install here; vLLM's OffloadingConnector refuses to start on CPU);
 * added: ``--enforce-eager`` (starts in about 30 s instead of 70 s: no
   torch.compile), ``--kv-cache-memory-bytes`` 64 MiB (65,536 tokens, so two engines
   fit beside the suite), ``--max-model-len=4096`` and ``--dtype=bfloat16`` (the tiny
@@ -33,11 +35,15 @@ terminated with the reason, and nothing is started. An argument the user added
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+import sessionfleet
+from sessionfleet.kvstore.wire import CONNECTOR_CLASS
 
 from ._podspec import PodSpecError
 from ._tools import cache_dir
@@ -147,10 +153,8 @@ def vllm_argv(install: VllmInstall, args: Sequence[str], pod_ip: str) -> list[st
                 raise PodSpecError(f"{arg}: tensor parallelism needs GPUs (vLLM runs on CPU here)")
             mapped.append("--tensor-parallel-size=1")
         elif flag == "--kv-transfer-config":
-            raise PodSpecError(
-                "--kv-transfer-config: LMCache's connector is not installed with vLLM's "
-                "CPU build here"
-            )
+            _check_connector(arg, value)
+            mapped.extend(rest[index : index + step])
         else:
             mapped.extend(rest[index : index + step])
         index += step
@@ -159,6 +163,20 @@ def vllm_argv(install: VllmInstall, args: Sequence[str], pod_ip: str) -> list[st
         if flag not in given:
             mapped.append(flag if value is None else f"{flag}={value}")
     return mapped
+
+
+def _check_connector(arg: str, value: str | None) -> None:
+    try:
+        config = json.loads(value or "")
+    except ValueError as error:
+        raise PodSpecError(f"{arg}: not JSON: {error}") from error
+    connector = config.get("kv_connector") if isinstance(config, dict) else None
+    if connector != CONNECTOR_CLASS:
+        raise PodSpecError(
+            f"--kv-transfer-config: {connector!r} does not run here (LMCache does not "
+            "install with vLLM's CPU build; vLLM's OffloadingConnector needs a GPU); "
+            f"{CONNECTOR_CLASS} does"
+        )
 
 
 def scratch_dir(pod_uid: str) -> Path:
@@ -180,4 +198,7 @@ def vllm_env(install: VllmInstall, scratch: Path, state_dir: Path) -> Mapping[st
         "OMP_NUM_THREADS": "1",
         "VLLM_CACHE_ROOT": str(state_dir / "vllm-cache"),
         "TMPDIR": str(scratch),
+        # The image installs the package; here vLLM imports the connector from this
+        # checkout, the same source the operator under test runs.
+        "PYTHONPATH": str(Path(sessionfleet.__file__).parent.parent),
     }

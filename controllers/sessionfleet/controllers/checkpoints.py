@@ -19,6 +19,7 @@ from sessionfleet.api import (
     CheckpointPhase,
     CheckpointReason,
     InferenceWorker,
+    KVStoreType,
     Reason,
     WorkerPhase,
     destination_problem,
@@ -46,6 +47,8 @@ from sessionfleet.policy.checkpoint import (
 )
 from sessionfleet.policy.events import EventType, Notice
 from sessionfleet.resources.checkpoints import build_checkpoint
+from sessionfleet.resources.kvstore import kv_store_of
+from sessionfleet.resources.names import session_object_name
 from sessionfleet.resources.status import (
     checkpoint_failed_status,
     checkpoint_refused_status,
@@ -67,7 +70,11 @@ def worker_driver(worker: InferenceWorker, checkpoint: CheckpointState) -> Check
 
 
 def target_for(
-    record: WorkerRecord, worker: InferenceWorker, location: str, sessions: tuple[str, ...]
+    record: WorkerRecord,
+    worker: InferenceWorker,
+    location: str,
+    sessions: tuple[str, ...],
+    session_names: tuple[str, ...] = (),
 ) -> CheckpointTarget | None:
     """Return what the driver works on; ``None`` while the worker has no serving pod."""
     status = record.status
@@ -83,6 +90,10 @@ def target_for(
         pod=status.pod,
         node=status.node,
         sessions=sessions,
+        session_names=session_names,
+        model=worker.spec.model,
+        # Only sessionfleet's own KV store answers control requests.
+        token=worker.metadata.uid if kv_store_of(worker) is KVStoreType.SESSIONFLEET else None,
     )
 
 
@@ -136,7 +147,16 @@ async def save(
         checkpoint.name,
         checkpoint.destination,
     )
-    target = target_for(record, worker, location, checkpoint.sessions)
+    # A KV store keys a session by its AgentSession's name, which the id alone does not
+    # give when clients authenticate (the name's hash covers the client too).
+    names = {s.session_id: s.name for s in fleet.sessions_of(record.key)}
+    target = target_for(
+        record,
+        worker,
+        location,
+        checkpoint.sessions,
+        tuple(names.get(s, session_object_name(s)) for s in checkpoint.sessions),
+    )
     failure = None
     if kind is CheckpointDriver.NONE or driver is None:
         failure = (Reason.DRIVER_UNSUPPORTED, f"driver {kind.value} cannot checkpoint here")

@@ -178,6 +178,9 @@ class Fleet:
     work: WorkQueue = field(default_factory=WorkQueue)
     """What the next pass of the fleet loop reconciles."""
     stats: dict[Key, EngineStats] = field(default_factory=dict)
+    kv_store_health: dict[str, str | None] = field(default_factory=dict)
+    """By ``namespace/name``: None while the worker's KV store is writable, else why not
+    (controllers/kvstores.py); absent until the store first answered."""
     hold_writes: dict[tuple[str, Key], float] = field(default_factory=dict)
     """Hold changes written but not yet seen in the indexes: (what, object) to when
     (monotonic), so a pass does not write them again while the watch catches up."""

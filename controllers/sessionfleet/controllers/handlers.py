@@ -15,7 +15,7 @@ from typing import Any
 import kopf
 
 from sessionfleet.api import GROUP, VERSION
-from sessionfleet.controllers import loop
+from sessionfleet.controllers import kvstores, loop
 from sessionfleet.controllers.fleet import Fleet
 from sessionfleet.controllers.policies import worker_view
 from sessionfleet.controllers.records import (
@@ -73,6 +73,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
     supervisor: Supervisor = memo["supervisor"]
     supervisor.start("fleet loop", loop.run(fleet))
     supervisor.start("engine scraper", loop.scrape_forever(fleet))
+    supervisor.start("KV stores", kvstores.kv_stores_forever(fleet))
 
 
 @kopf.on.login()

@@ -110,6 +110,9 @@ def desired_status(
     ]
     if record.key in fleet.stats and not recovering:
         conditions.append(engine_metrics_condition(stats))
+    store_key = f"{record.namespace}/{record.name}"
+    if store_key in fleet.kv_store_health and not recovering:
+        conditions.append(kv_store_condition(fleet.kv_store_health[store_key]))
     usable = latest_usable(fleet.checkpoints_of(record.key))
     restores = record.status.restore_count or 0
     if plan.epoch != (record.status.epoch or 0) and plan.epoch > 1 and usable is not None:
@@ -164,6 +167,15 @@ def engine_metrics_condition(stats: EngineStats) -> ConditionPlan:
     return ConditionPlan(
         ConditionType.ENGINE_METRICS, ConditionStatus.TRUE, Reason.METRICS_READ, ""
     )
+
+
+def kv_store_condition(problem: str | None) -> ConditionPlan:
+    """Return ``KVStore``: False, with the storage's error, while the store cannot be written."""
+    if problem:
+        return ConditionPlan(
+            ConditionType.KV_STORE, ConditionStatus.FALSE, Reason.KV_STORE_DEGRADED, problem
+        )
+    return ConditionPlan(ConditionType.KV_STORE, ConditionStatus.TRUE, Reason.KV_STORE_WRITABLE, "")
 
 
 COUNTER_FIELDS = wire_names(

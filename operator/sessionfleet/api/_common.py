@@ -97,6 +97,7 @@ class ConditionType(DescribedEnum):
     )
     RECONCILED = "Reconciled", "The operator could act on the object; False says what failed."
     ENGINE_METRICS = "EngineMetrics", "The engine's metrics could be read and used."
+    KV_STORE = "KVStore", "vLLM only: the engine's KV store can save sessions' prefix blocks."
 
 
 class Reason(DescribedEnum):
@@ -166,6 +167,12 @@ class Reason(DescribedEnum):
     NON_FINITE_METRICS = (
         "NonFiniteMetrics",
         "The engine reported NaN or infinite values; they are ignored.",
+    )
+    KV_STORE_WRITABLE = "KVStoreWritable", "The engine's KV store answered and can be written."
+    KV_STORE_DEGRADED = (
+        "KVStoreDegraded",
+        "The engine's KV store cannot be written (full, read-only, missing): sessions "
+        "are served, and a moved or restarted one recomputes what was not saved.",
     )
     RECOVERY_CAPPED = (
         "RecoveryCapped",

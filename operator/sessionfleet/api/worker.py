@@ -211,8 +211,7 @@ class CheckpointStorage(ApiModel):
     ) = Field(
         default=None,
         description=(
-            "The shared store of kvStore.type LMCache (its remote_url), "
-            "such as redis://host:6379."
+            "The shared store of kvStore.type LMCache (its remote_url), such as redis://host:6379."
         ),
     )
 
@@ -306,8 +305,9 @@ class CheckpointSettings(ApiModel):
             "self.kvStore.type != 'LMCache' || (has(self.storage) && has(self.storage.remoteUrl))",
             message="kvStore.type LMCache needs storage.remoteUrl (the shared store's URL)",
             field_path=".kvStore.type",
-            check=lambda s: s.kv_store.type != KVStoreType.LMCACHE
-            or s.storage.remote_url is not None,
+            check=lambda s: (
+                s.kv_store.type != KVStoreType.LMCACHE or s.storage.remote_url is not None
+            ),
         ),
     )
 

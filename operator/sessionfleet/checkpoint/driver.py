@@ -33,6 +33,12 @@ class CheckpointTarget:
     node: str | None = None
     sessions: tuple[str, ...] = ()
     """Only these sessions (per-session migration); empty: the whole worker."""
+    session_names: tuple[str, ...] = ()
+    """The AgentSession names of ``sessions``, in the same order (how a KV store keys them)."""
+    model: str = ""
+    """The served model's name, which a request to the engine must name."""
+    token: str | None = None
+    """What the engine's KV store asks of a control request (the worker's UID)."""
 
 
 @dataclass(frozen=True, slots=True)

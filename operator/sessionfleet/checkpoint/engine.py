@@ -8,10 +8,13 @@ volume; on the local demo cluster, a directory of the machine). A session's bloc
 a directory named like its AgentSession (a DNS-safe part of its id and a hash), never
 to the raw id: a client picks its session id, ``../..`` included.
 
-vLLM keeps its KV in LMCache's shared remote store as it serves (the pod builder
-configures the connector, the store's URL and a fixed ``PYTHONHASHSEED``), so a new
-worker hits the saved prefixes without an explicit export: for vLLM this driver
-records the store as the checkpoint's location and has nothing to copy.
+vLLM saves its KV to its KV store as it serves (the pod builder configures the
+connector and a fixed ``PYTHONHASHSEED``; docs/kvstore.md): every completed prefix
+block is written behind the turn that computed it, and any engine of the model loads
+any saved prefix. So for vLLM a save copies nothing; it asks the engine's store, through
+vLLM's own request channel (``kv_transfer_params``, answered by the connector), what it
+holds for the checkpoint's sessions, and records that: tokens per session and bytes.
+A load needs nothing either: the session's next turn loads its prefix.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import httpx
 from sessionfleet.api import CheckpointDriver, EngineType
 from sessionfleet.checkpoint.driver import CheckpointOutcome, CheckpointTarget, DriverError
 from sessionfleet.checkpoint.paths import session_directory
+from sessionfleet.kvstore.wire import CONTROL_KEY
 
 
 class UnknownToEngine(DriverError):
@@ -58,7 +62,7 @@ class EngineDriver:
     async def save(self, target: CheckpointTarget) -> CheckpointOutcome:
         """Export the engine's cache (or the target's sessions) to ``target.location``."""
         if target.engine is EngineType.VLLM:
-            return CheckpointOutcome(location=target.location, seconds=0.0)
+            return await self._report(target)
         started = time.monotonic()
         sessions: dict[str, int] = {}
         size = 0
@@ -99,6 +103,65 @@ class EngineDriver:
     def restore_args(self, engine: EngineType, location: str) -> list[str]:
         """Start a new simulated engine from the checkpoint; vLLM needs nothing extra."""
         return [f"--import-cache={location}"] if engine is EngineType.SIM else []
+
+    async def _report(self, target: CheckpointTarget) -> CheckpointOutcome:
+        """Ask a vLLM engine's KV store what it holds for the target's sessions."""
+        started = time.monotonic()
+        if target.token is None:
+            # LMCache or vLLM's offloading tier: nothing of ours to ask; the store is
+            # whatever the engine's connector keeps.
+            return CheckpointOutcome(location=target.location, seconds=0.0)
+        names = dict(zip(target.session_names, target.sessions, strict=False))
+        answer = await self.store_control(
+            target, {"op": "report", "sessions": list(names), "usage": not names}
+        )
+        sessions: dict[str, int] = {}
+        size = 0
+        for name, held in (answer.get("sessions") or {}).items():
+            tokens = int(held.get("tokens", 0)) if isinstance(held, dict) else 0
+            if name in names and tokens > 0:
+                # A session with nothing saved moves without a cache, and is counted so.
+                sessions[names[name]] = tokens
+                size += int(held.get("bytes", 0))
+        if not names:
+            size = int((answer.get("usage") or {}).get("bytes", 0))
+        return CheckpointOutcome(
+            location=target.location,
+            seconds=time.monotonic() - started,
+            size_bytes=size,
+            sessions=sessions,
+        )
+
+    async def store_control(
+        self, target: CheckpointTarget, request: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Send one control request to a vLLM engine's KV store; return its answer.
+
+        The request rides a one-token completion's ``kv_transfer_params``, which vLLM hands
+        to the connector and whose answer it returns in the response: vLLM's own channel,
+        no port or sidecar of ours. The store refuses a request without the worker's token.
+
+        Raises:
+            DriverError: the engine did not answer, or the store refused or did not answer.
+
+        """
+        body = {
+            "model": target.model,
+            "prompt": [0],
+            "max_tokens": 1,
+            "kv_transfer_params": {CONTROL_KEY: {**request, "token": target.token}},
+        }
+        answer = await self._call(target, "/v1/completions", body)
+        params = answer.get("kv_transfer_params") if isinstance(answer, dict) else None
+        reply = params.get(CONTROL_KEY) if isinstance(params, dict) else None
+        if not isinstance(reply, dict):
+            raise DriverError(
+                f"engine at {target.endpoint} has no sessionfleet KV store "
+                "(checkpoint.kvStore.type Sessionfleet, and the image's connector)"
+            )
+        if reply.get("error"):
+            raise DriverError(f"the KV store at {target.endpoint}: {reply['error']}")
+        return reply
 
 
 def _not_found(response: httpx.Response) -> bool:

@@ -379,7 +379,7 @@ class SessionfleetKVConnector(KVConnectorBase_V1):
         token = os.environ.get(TOKEN_ENV)
         if not isinstance(body, dict) or not token or body.get("token") != token:
             return {"error": "refused: no or wrong token"}
-        sessions = [s for s in body.get("sessions", []) if isinstance(s, str)][:10_000]
+        sessions = [s for s in body.get("sessions", []) if isinstance(s, str)][:1_000_000]
         answer: dict[str, Any] = {
             "layout": self.store.fingerprint[:16],
             "health": self.health,
@@ -388,6 +388,12 @@ class SessionfleetKVConnector(KVConnectorBase_V1):
         if body.get("op") == "forget":
             self._forgets.put(sessions)
             answer["queued"] = len(sessions)
+        elif body.get("op") == "retain":
+            # Level-triggered: every session not live for the operator, and idle for
+            # the grace, is forgotten (missed finishes and deletions included).
+            grace = float(body.get("grace", 300))
+            self._forgets.put(self.store.stale_sessions(sessions, time.time(), grace))
+            answer["retained"] = len(sessions)
         elif body.get("op") == "report":
             answer["sessions"] = {}
             for session in sessions:

@@ -356,6 +356,22 @@ class BlockStore:
             freed += size
         return removed, freed
 
+    def stale_sessions(self, live: Iterable[str], now: float, grace: float) -> list[str]:
+        """Sessions with a manifest that are not ``live`` and had no turn for ``grace`` s.
+
+        ``live`` is what the operator knew when it asked; a session newer than that
+        (its manifest written since, within the grace) is not stale.
+        """
+        keep = set(live)
+        stale = []
+        for session in self.sessions():
+            if session in keep:
+                continue
+            manifest = self.read_manifest(session)
+            if manifest is None or now - manifest.updated > grace:
+                stale.append(session)
+        return stale
+
     # --- size -----------------------------------------------------------------------
 
     def _block_files(self) -> list[tuple[float, int, Path]]:

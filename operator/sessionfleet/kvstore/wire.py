@@ -7,9 +7,9 @@ CONNECTOR_CLASS: Final = "SessionfleetKVConnector"
 CONNECTOR_MODULE: Final = "sessionfleet.kvstore.connector"
 """The module vLLM imports it from (``kv_connector_module_path``)."""
 TOKEN_ENV: Final = "SESSIONFLEET_KVSTORE_TOKEN"
-"""The token the operator's control requests carry: the pod's UID, from the downward API.
+"""The token the operator's control requests carry: the InferenceWorker's UID.
 
-Reading it takes read access to the worker's pods; a client of the router has none.
+Reading it takes read access to the worker or its pods; a client of the router has none.
 """
 CONTROL_KEY: Final = "sessionfleet"
 """The key of the operator's control requests in ``kv_transfer_params``."""

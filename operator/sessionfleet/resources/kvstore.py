@@ -84,7 +84,7 @@ def kv_store_env(worker: InferenceWorker) -> list[dict[str, Any]]:
     mine = {e.name for e in spec.engine.env}
     store = kv_store_of(worker)
     if store is KVStoreType.SESSIONFLEET and TOKEN_ENV not in mine:
-        return [{"name": TOKEN_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}}]
+        return [{"name": TOKEN_ENV, "value": worker.metadata.uid}]
     url = spec.checkpoint.storage.remote_url
     if store is not KVStoreType.LMCACHE or not url:
         return []

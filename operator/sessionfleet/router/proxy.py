@@ -77,6 +77,8 @@ _REQUEST_SKIP: Final = frozenset(
         FORWARDED_SESSION_HEADER.lower(),
     }
 )
+ENGINE_SESSION_HEADER: Final = "X-Session-ID"
+"""vLLM's session header: the router sends the AgentSession's name in it."""
 _CREDENTIALS: Final = frozenset({"authorization", "x-api-key"})
 """With client authentication on, the router consumed these; workers never see them."""
 _RESPONSE_SKIP: Final = frozenset(
@@ -101,7 +103,11 @@ class RouterConfig:
 
 
 def _forward_headers(
-    incoming: CIMultiDictProxy[str], session_id: str | None, *, strip_credentials: bool
+    incoming: CIMultiDictProxy[str],
+    session_id: str | None,
+    session_name: str | None,
+    *,
+    strip_credentials: bool,
 ) -> CIMultiDict[str]:
     headers: CIMultiDict[str] = CIMultiDict()
     for name, value in incoming.items():
@@ -110,6 +116,11 @@ def _forward_headers(
             headers.add(name, value)
     if session_id is not None:
         headers[FORWARDED_SESSION_HEADER] = session_id
+    if session_name is not None:
+        # vLLM hands this header to its KV connector as the request's session; the KV
+        # store records the session's blocks under its AgentSession name (docs/kvstore.md).
+        # It replaces a client's own x-session-id (OpenCode's), which is the same name.
+        headers[ENGINE_SESSION_HEADER] = session_name
     return headers
 
 
@@ -353,12 +364,12 @@ class Proxy:
         worker = turn.worker
         assert worker is not None and worker.endpoint is not None
         session_id = turn.identity.session_id if turn.identity else None
+        session_name = turn.session.name if turn.session is not None else None
         url = self._url(worker.endpoint, request.path_qs)
         headers = _forward_headers(
-            request.headers, session_id, strip_credentials=self.keys is not None
+            request.headers, session_id, session_name, strip_credentials=self.keys is not None
         )
         worker.in_flight += 1
-        session_name = turn.session.name if turn.session is not None else None
         if session_name is not None:
             self.session_turns[session_name] += 1
         sent = perf_counter()
