@@ -210,7 +210,8 @@ def worker(
     """Return an InferenceWorker backed by a real process on ``node``.
 
     ``engine``: ``sim`` (the simulated engine) or ``vllm`` (the real vLLM that
-    ``make e2e-vllm-tools`` installs; no checkpoints: its driver needs LMCache).
+    ``make e2e-vllm-tools`` installs). With ``storage`` (checkpoints on) a vLLM worker
+    keeps its KV store there (docs/kvstore.md); without, it has none.
     """
     spec: dict[str, Any] = {
         "model": MODEL,
@@ -231,6 +232,11 @@ def worker(
             "storage": {"path": str(storage)},
             "interval": interval,
         }
+    elif storage is not None:
+        # vLLM's store saves every block behind its turn: no periodic checkpoint.
+        spec["checkpoint"] = {"driver": "engine", "storage": {"path": str(storage)}}
+    elif engine != "sim":
+        spec["checkpoint"] = {"kvStore": {"type": "None"}}
     return {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "InferenceWorker",

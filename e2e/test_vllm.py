@@ -381,10 +381,11 @@ def test_a_paused_real_vllm_holds_its_answer_and_the_operator_sees_its_kv_blocks
     crs: Custom,
     namespace: str,
     own_nodes: list[str],
+    tmp_path: Path,
 ) -> None:
     # The criu driver pauses the engine before it checkpoints; the operator starts a
     # criu-checkpointed vLLM worker in development mode, where vLLM serves /pause.
-    worker = vllm_worker("w", checkpoint={"driver": "criu", "storage": {"path": "/tmp"}})
+    worker = vllm_worker("w", tmp_path, checkpoint={"driver": "criu"})
     crs.create(on_own_nodes(worker, namespace, own_nodes[0]))
     wait_for(
         operator,
