@@ -119,7 +119,7 @@ def _forward_headers(
     if session_name is not None:
         # vLLM hands this header to its KV connector as the request's session; the KV
         # store records the session's blocks under its AgentSession name (docs/kvstore.md).
-        # It replaces a client's own x-session-id (OpenCode's), which is the same name.
+        # It replaces a client's own x-session-id (OpenCode sends that same header).
         headers[ENGINE_SESSION_HEADER] = session_name
     return headers
 
