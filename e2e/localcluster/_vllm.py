@@ -146,15 +146,14 @@ def vllm_argv(install: VllmInstall, args: Sequence[str], pod_ip: str) -> list[st
         takes_next = "=" not in arg and following is not None and not following.startswith("-")
         value = arg.split("=", 1)[1] if "=" in arg else (following if takes_next else None)
         step = 2 if takes_next else 1
+        if flag == "--kv-transfer-config":
+            _check_connector(arg, value)
         if flag == "--host":
             mapped.append(f"--host={pod_ip}")
         elif flag in ("--tensor-parallel-size", "-tp"):
             if value != "1":
                 raise PodSpecError(f"{arg}: tensor parallelism needs GPUs (vLLM runs on CPU here)")
             mapped.append("--tensor-parallel-size=1")
-        elif flag == "--kv-transfer-config":
-            _check_connector(arg, value)
-            mapped.extend(rest[index : index + step])
         else:
             mapped.extend(rest[index : index + step])
         index += step

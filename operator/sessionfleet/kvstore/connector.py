@@ -473,10 +473,11 @@ class SessionfleetKVConnector(KVConnectorBase_V1):
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
         """Copy the step's stored blocks into the paged caches before the forward pass."""
         meta = self._get_connector_metadata()
-        if not isinstance(meta, SessionfleetMetadata) or not meta.loads or not self.kv_caches:
-            if isinstance(meta, SessionfleetMetadata):
-                for _, block_ids, _ in meta.loads:
-                    self._load_errors.update(block_ids)
+        if not isinstance(meta, SessionfleetMetadata) or not meta.loads:
+            return
+        if not self.kv_caches:  # the store is off on this worker: nothing can load
+            for _, block_ids, _ in meta.loads:
+                self._load_errors.update(block_ids)
             return
         started = time.monotonic()
         loaded = size = 0

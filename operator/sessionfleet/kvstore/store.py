@@ -344,17 +344,7 @@ class BlockStore:
                 kept = self.read_manifest(session)
                 if kept is not None:
                     doomed.difference_update(kept.blocks)
-        removed = freed = 0
-        for block_hash in doomed:
-            path = self.block_path(block_hash)
-            try:
-                size = path.stat().st_size
-                path.unlink()
-            except OSError:
-                continue
-            removed += 1
-            freed += size
-        return removed, freed
+        return _remove(self.block_path(block_hash) for block_hash in doomed)
 
     def stale_sessions(self, live: Iterable[str], now: float, grace: float) -> list[str]:
         """Sessions with a manifest that are not ``live`` and had no turn for ``grace`` s.
@@ -411,17 +401,13 @@ class BlockStore:
         if max_bytes <= 0 or total <= max_bytes:
             return 0, 0
         target = int(max_bytes * EVICT_TO)
-        removed = freed = 0
+        victims = []
         for _, size, path in sorted(files):
-            if total - freed <= target:
+            if total <= target:
                 break
-            try:
-                path.unlink()
-            except OSError:
-                continue
-            removed += 1
-            freed += size
-        return removed, freed
+            victims.append(path)
+            total -= size
+        return _remove(victims)
 
     def sweep_temporaries(self, older_than: float = 600.0) -> int:
         """Remove temporary files a killed writer left behind; return how many."""
@@ -457,6 +443,20 @@ class BlockStore:
         except OSError as error:
             return describe(error)
         return None
+
+
+def _remove(paths: Iterable[Path]) -> tuple[int, int]:
+    """Delete the files that are still there; return (files removed, bytes freed)."""
+    removed = freed = 0
+    for path in paths:
+        try:
+            size = path.stat().st_size
+            path.unlink()
+        except OSError:
+            continue
+        removed += 1
+        freed += size
+    return removed, freed
 
 
 def describe(error: OSError) -> str:
