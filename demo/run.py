@@ -573,10 +573,8 @@ class Demo:
         ticker = asyncio.create_task(self.progress(driver))
         run = asyncio.create_task(driver.run())
         drain = asyncio.create_task(self.drain(driver, nodes[0], drained_workers))
-        # vLLM workers run without checkpoints (their driver needs LMCache).
-        checkpointed = args.checkpoints != "off" and not (
-            args.engine == "vllm" and survivors[0] in VLLM_WORKERS
-        )
+        # A vLLM worker's checkpoints are its KV store (docs/kvstore.md).
+        checkpointed = args.checkpoints != "off"
         kills = [asyncio.create_task(self.kill(driver, survivors[0], checkpointed, drain))]
         if args.checkpoints == "both":
             kills.append(asyncio.create_task(self.kill(driver, names[-1], False, drain)))

@@ -36,6 +36,10 @@ class OperatorConfig:
     scrape_interval_seconds: float = 15.0
     """How often each Ready worker's engine metrics are read."""
     scrape_timeout_seconds: float = 3.0
+    kv_store_interval_seconds: float = 60.0
+    """How often each vLLM KV store is told its live sessions (controllers/kvstores.py)."""
+    kv_store_grace_seconds: float = 300.0
+    """A session idle this long and not live for the operator loses its blocks."""
     max_concurrent_writes: int = 16
     session_writes: int = 16
     """Session writes in flight at once; the rest wait by urgency (:mod:`.turns`)."""

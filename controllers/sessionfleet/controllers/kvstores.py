@@ -27,10 +27,6 @@ from sessionfleet.resources.kvstore import kv_store_of, store_root
 
 log = logging.getLogger(__name__)
 
-KV_STORE_INTERVAL_SECONDS: Final = 60.0
-"""How often each store is told its live sessions: a finished session's blocks go within it."""
-RETAIN_GRACE_SECONDS: Final = 300.0
-"""A session idle this long and not live for the operator is forgotten."""
 _ENDED: Final = frozenset({SessionPhase.FINISHED, SessionPhase.LOST})
 
 
@@ -73,7 +69,8 @@ async def retain_once(fleet: Fleet, driver: EngineDriver) -> dict[str, str | Non
         live = live_sessions(fleet, record.namespace, worker.spec.model)
         try:
             answer = await driver.store_control(
-                target, {"op": "retain", "sessions": live, "grace": RETAIN_GRACE_SECONDS}
+                target,
+                {"op": "retain", "sessions": live, "grace": fleet.config.kv_store_grace_seconds},
             )
         except DriverError as error:
             log.debug("KV store of %s: %s", record.key, error)
@@ -92,5 +89,5 @@ async def kv_stores_forever(fleet: Fleet) -> None:
     if not isinstance(driver, EngineDriver):
         return
     while True:
-        await asyncio.sleep(KV_STORE_INTERVAL_SECONDS)
+        await asyncio.sleep(fleet.config.kv_store_interval_seconds)
         fleet.kv_store_health = await retain_once(fleet, driver)

@@ -15,7 +15,7 @@ import httpx
 
 from sessionfleet.api import parse_duration
 from sessionfleet.checkpoint.criu import AGENT_PORT
-from sessionfleet.cliargs import fraction, non_negative_float, positive_int
+from sessionfleet.cliargs import fraction, non_negative_float, positive_float, positive_int
 from sessionfleet.controllers.config import OperatorConfig
 from sessionfleet.leader import DEFAULT_LEASE_NAME
 from sessionfleet.policy.leadership import ElectionTiming
@@ -111,6 +111,20 @@ def add_parser(commands: Any) -> None:
         type=float,
         default=DEFAULTS.scrape_interval_seconds,
         help="seconds between engine metric scrapes (default 15)",
+    )
+    parser.add_argument(
+        "--kv-store-interval",
+        type=positive_float,
+        default=DEFAULTS.kv_store_interval_seconds,
+        help="seconds between telling each vLLM KV store its live sessions, so finished "
+        "sessions' blocks go (default 60)",
+    )
+    parser.add_argument(
+        "--kv-store-grace",
+        type=non_negative_float,
+        default=DEFAULTS.kv_store_grace_seconds,
+        help="seconds a session not live for the operator must have been idle before its "
+        "KV store forgets it (default 300)",
     )
     parser.add_argument(
         "--ack-timeout",
@@ -238,6 +252,8 @@ def _run(args: argparse.Namespace) -> int:
         counter_writes_per_second=args.counter_writes,
         session_writes=args.session_writes,
         scrape_interval_seconds=args.scrape_interval,
+        kv_store_interval_seconds=args.kv_store_interval,
+        kv_store_grace_seconds=args.kv_store_grace,
         ack_timeout=args.ack_timeout,
         checkpoint_timeout=args.checkpoint_timeout,
         event_series_seconds=args.event_series_interval,

@@ -16,6 +16,7 @@ from typing import Any
 from sessionfleet.api import (
     CheckpointDriver,
     CheckpointReason,
+    EngineType,
     InferenceWorker,
     MigrationReason,
     Reason,
@@ -328,7 +329,9 @@ async def _move(
             saved = await _save_for_migration(fleet, source, worker, movable, now)
 
         async def move_one(session: SessionState, target: str, why: str) -> None:
-            loaded = saved is not None and await _load_into(fleet, saved, session, target)
+            loaded = saved is not None and await _load_into(
+                fleet, saved, session, target, worker.spec.engine.type
+            )
             await _rebind(fleet, session, source.name, target, why, saved if loaded else None, now)
 
         await _together(move_one(*entry) for entry in movable)
@@ -376,13 +379,23 @@ async def _save_for_migration(
 
 
 async def _load_into(
-    fleet: Fleet, saved: tuple[str, CheckpointOutcome], session: SessionState, target: str
+    fleet: Fleet,
+    saved: tuple[str, CheckpointOutcome],
+    session: SessionState,
+    target: str,
+    engine: EngineType,
 ) -> bool:
-    """Import one session's saved blocks into its new worker's engine."""
+    """Import one session's saved blocks into its new worker's engine.
+
+    Only an engine of the source's type reads what it saved (a vLLM KV store's blocks
+    mean nothing to the simulated engine, and the other way round).
+    """
     _, outcome = saved
     record = fleet.worker(session.namespace, target)
     driver = fleet.drivers.get(CheckpointDriver.ENGINE)
     if record is None or record.worker is None or driver is None:
+        return False
+    if record.worker.spec.engine.type is not engine:
         return False
     destination = checkpoints.target_for(
         record, record.worker, outcome.location, (session.session_id,)

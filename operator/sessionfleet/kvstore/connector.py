@@ -379,6 +379,7 @@ class SessionfleetKVConnector(KVConnectorBase_V1):
         token = os.environ.get(TOKEN_ENV)
         if not isinstance(body, dict) or not token or body.get("token") != token:
             return {"error": "refused: no or wrong token"}
+        self._check_storage()  # the operator's condition shows the storage as it is now
         sessions = [s for s in body.get("sessions", []) if isinstance(s, str)][:1_000_000]
         answer: dict[str, Any] = {
             "layout": self.store.fingerprint[:16],
@@ -411,6 +412,16 @@ class SessionfleetKVConnector(KVConnectorBase_V1):
             answer["error"] = f"unknown op {body.get('op')!r}"
         return answer
 
+    def _check_storage(self) -> None:
+        """Probe the storage, and ask the files again about every block remembered as stored.
+
+        A remembered block may never have reached the disk (the worker side's write
+        failed, which it cannot tell this side) or been evicted since, by this engine or
+        another: either way it must be saved again when a request computes it.
+        """
+        self.health = self.store.probe()
+        self._recent.clear()
+
     def _housekeeping(self) -> None:
         """Storage checks, eviction and forgets, away from the scheduler's loop."""
         while True:
@@ -424,11 +435,9 @@ class SessionfleetKVConnector(KVConnectorBase_V1):
                     self._forgotten = (self._forgotten[0] + removed, self._forgotten[1] + freed)
                     self._recent.clear()
                     continue
-                self.health = self.store.probe()
                 if self.max_bytes:
-                    evicted, _ = self.store.evict(self.max_bytes)
-                    if evicted:
-                        self._recent.clear()
+                    self.store.evict(self.max_bytes)
+                self._check_storage()
                 self.store.sweep_temporaries()
             except Exception:  # housekeeping must never stop the engine
                 log.exception("KV store housekeeping failed")

@@ -438,8 +438,8 @@ class BlockStore:
     def probe(self) -> str | None:
         """Whether the store can be written now: None, or why not (full, read-only…)."""
         try:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            _write_atomically(self.directory / "probe", [b"ok"])
+            self.blocks_dir.mkdir(parents=True, exist_ok=True)
+            _write_atomically(self.blocks_dir / "probe", [b"ok"])
         except OSError as error:
             return describe(error)
         return None
