@@ -142,6 +142,15 @@ BENCH_REQUESTS_ARGS ?=
 bench-requests: $(STAMP)
 	$(PY) bench/scale/apirequests.py --out build/bench-requests.json $(BENCH_REQUESTS_ARGS)
 
+# The KV store on the real vLLM (bench/README.md, "KV store"): throughput with the store
+# off and on, save and load time per 1,000 tokens, a restart's next turns from the store
+# against a full prefill; no cluster (~4 minutes on 2 cores).
+#   BENCH_KVSTORE_ARGS="--sessions 4 --turns 6 --answer-tokens 32"
+.PHONY: bench-kvstore
+BENCH_KVSTORE_ARGS ?=
+bench-kvstore: e2e-vllm-tools $(STAMP)
+	$(PY) bench/kvstore/run.py --out build/bench-kvstore.json $(BENCH_KVSTORE_ARGS)
+
 # py-spy, for the benchmarks' --profile (bench/profiler.py); not needed by the tests.
 .PHONY: profile-tools
 profile-tools: $(STAMP)

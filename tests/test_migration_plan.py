@@ -84,3 +84,17 @@ def test_no_room_anywhere_keeps_the_session() -> None:
         [session("s", acks=("r1", "r2"))], "src", loads(src=1, full=4), routers(NOW), NOW, TIMEOUT
     )
     assert step.action is MigrationAction.NO_TARGET and step.target is None
+
+
+def test_a_session_with_saved_state_goes_where_it_can_be_loaded_while_one_has_room() -> None:
+    batch = [session(f"s{i}", acks=("r1", "r2")) for i in range(3)]
+    # "same" is busier than "other", but only it can load the sessions' saved KV.
+    workers = loads(src=0, same=2, other=0)
+    steps = plan_migration(
+        batch, "src", workers, routers(NOW), NOW, TIMEOUT, frozenset({"src", "same"})
+    )
+    # Two fit on "same" (4 sessions at most); the third recomputes on "other".
+    assert [step.target for step in steps] == ["same", "same", "other"]
+    # Without saved state, the least loaded as ever.
+    plain = plan_migration(batch, "src", workers, routers(NOW), NOW, TIMEOUT)
+    assert [step.target for step in plain] == ["other", "other", "other"]

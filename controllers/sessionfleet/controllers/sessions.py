@@ -270,6 +270,19 @@ async def migrate_sessions(
         if fleet.freshness.is_stale(session.key, session.resource_version):
             continue
         candidates.append(session)
+    # A session that carries its KV goes where it can be loaded: an engine of its type.
+    engine = worker.spec.engine.type
+    loaders = (
+        frozenset(
+            r.name
+            for r in fleet.all_workers()
+            if r.namespace == namespace
+            and r.worker is not None
+            and r.worker.spec.engine.type is engine
+        )
+        if through_checkpoint
+        else None
+    )
     steps = plan_migration(
         candidates,
         source.name,
@@ -277,6 +290,7 @@ async def migrate_sessions(
         fleet.routers(),
         now,
         fleet.config.ack_timeout,
+        loaders,
     )
     movable: list[tuple[SessionState, str, str]] = []
     marking: list[tuple[SessionState, str]] = []

@@ -18,7 +18,7 @@ from enum import Enum
 
 from sessionfleet.api import SessionPhase
 from sessionfleet.policy.handshake import RouterLease, handshake, stamp
-from sessionfleet.policy.placement import PlacementRequest, WorkerLoad, place
+from sessionfleet.policy.placement import Placement, PlacementRequest, WorkerLoad, place
 from sessionfleet.policy.sessions import SessionState
 
 
@@ -58,6 +58,24 @@ def _with_session(loads: Sequence[WorkerLoad], worker: str, tokens: int) -> list
     ]
 
 
+def _target(
+    session: SessionState,
+    source: str,
+    loads: Sequence[WorkerLoad],
+    loaders: frozenset[str] | None,
+) -> Placement:
+    """Place a moving session, on a worker that can load its state when one has room."""
+    request = PlacementRequest(
+        model=session.model, expected_tokens=session.context_tokens, exclude=frozenset({source})
+    )
+    if loaders is not None:
+        others = frozenset(load.name for load in loads if load.name not in loaders)
+        keeps = place(dataclasses.replace(request, exclude=request.exclude | others), loads)
+        if keeps.placed:
+            return keeps
+    return place(request, loads)
+
+
 def plan_migration(
     sessions: Iterable[SessionState],
     source: str,
@@ -65,11 +83,16 @@ def plan_migration(
     routers: Sequence[RouterLease],
     now: datetime,
     ack_timeout: timedelta,
+    loaders: frozenset[str] | None = None,
 ) -> list[MigrationStep]:
     """Decide, in order, what to do with each session asked to leave ``source``.
 
     Each session placed counts against its target's load for the sessions after it,
     so a batch spreads over the workers instead of piling onto the least loaded one.
+
+    ``loaders``: when the sessions move with their saved state, the workers that can
+    load it (engines of the source's type). A session goes to one of them when one has
+    room, and elsewhere, to recompute its prefix, only when none has.
     """
     steps: list[MigrationStep] = []
     current = list(loads)
@@ -97,14 +120,7 @@ def plan_migration(
                 MigrationStep(session, MigrationAction.WAIT, message=f"waiting for {waiting}")
             )
             continue
-        placement = place(
-            PlacementRequest(
-                model=session.model,
-                expected_tokens=session.context_tokens,
-                exclude=frozenset({source}),
-            ),
-            current,
-        )
+        placement = _target(session, source, current, loaders)
         if placement.worker is None:
             steps.append(
                 MigrationStep(session, MigrationAction.NO_TARGET, message=placement.message)
