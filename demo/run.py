@@ -194,13 +194,16 @@ def drain_policy(mode: str, fast: bool, checkpoints: bool) -> dict[str, Any]:
 
 
 #: Workers that run the real vLLM with ``--engine vllm``: the one drained (its sessions
-#: move to a simulated engine) and the one killed (it comes back as a new vLLM epoch).
+#: move to the other vLLM worker, which can load their KV) and the one killed (it comes
+#: back as a new vLLM epoch).
 VLLM_WORKERS = ("w-0", "w-1")
 #: vLLM workers serve the tiny test model (e2e/vllm/README.md), whose 4,096-token context
-#: the demo's longer sessions outgrow: stretched here (random weights either way).
+#: the demo's longer sessions outgrow (the longest pass 32K tokens): stretched here
+#: (random weights either way), with a KV cache that holds two such sessions.
 VLLM_CONTEXT_ARGS = [
-    "--max-model-len=32768",
-    '--hf-overrides={"max_position_embeddings": 32768}',
+    "--max-model-len=65536",
+    '--hf-overrides={"max_position_embeddings": 65536}',
+    f"--kv-cache-memory-bytes={128 * 2**20}",
 ]
 
 

@@ -90,4 +90,5 @@ async def kv_stores_forever(fleet: Fleet) -> None:
         return
     while True:
         await asyncio.sleep(fleet.config.kv_store_interval_seconds)
-        fleet.kv_store_health = await retain_once(fleet, driver)
+        # A store that did not answer this time keeps its last health, not none.
+        fleet.kv_store_health.update(await retain_once(fleet, driver))
