@@ -249,7 +249,8 @@ class SessionfleetKVConnector(KVConnectorBase_V1):
         self._requests: dict[str, Request] = {}
         self._chains: dict[str, list[str]] = {}
         self._tracked: dict[str, RequestBlocks] = {}
-        self._lookups: dict[str, tuple[int, int]] = {}
+        self._computed: dict[str, int] = {}
+        """Per request, the tokens vLLM's own cache held when the store was asked."""
         self._loads: list[tuple[str, list[int], list[str]]] = []
         self._recent: OrderedDict[str, None] = OrderedDict()
         self._forgets: queue.SimpleQueue[list[str]] = queue.SimpleQueue()
@@ -292,7 +293,7 @@ class SessionfleetKVConnector(KVConnectorBase_V1):
         blocks = loadable_blocks(
             chain, request.num_tokens, num_computed_tokens, self.block_tokens, self.store.has
         )
-        self._lookups[request.request_id] = (num_computed_tokens, blocks)
+        self._computed[request.request_id] = num_computed_tokens
         return blocks * self.block_tokens, False
 
     def update_state_after_alloc(
@@ -301,8 +302,7 @@ class SessionfleetKVConnector(KVConnectorBase_V1):
         """Queue the load of the blocks the scheduler allocated for the store's tokens."""
         if num_external_tokens <= 0:
             return
-        computed, _ = self._lookups.get(request.request_id, (0, 0))
-        first = computed // self.block_tokens
+        first = self._computed.get(request.request_id, 0) // self.block_tokens
         count = num_external_tokens // self.block_tokens
         block_ids = blocks.get_block_ids()[0][first : first + count]
         chain = self._chain(request)[first : first + count]
@@ -354,7 +354,7 @@ class SessionfleetKVConnector(KVConnectorBase_V1):
         """Record the session's chain; answer a control request. Blocks are freed now."""
         req_id = request.request_id
         chain = self._chain(request)
-        for table in (self._requests, self._chains, self._tracked, self._lookups):
+        for table in (self._requests, self._chains, self._tracked, self._computed):
             table.pop(req_id, None)
         params = request.kv_transfer_params
         if isinstance(params, dict) and CONTROL_KEY in params:
