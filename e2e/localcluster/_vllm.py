@@ -21,6 +21,10 @@ arguments the operator wrote, except where this machine cannot take them:
   torch.compile), ``--kv-cache-memory-bytes`` 64 MiB (65,536 tokens, so two engines
   fit beside the suite), ``--max-model-len=4096`` and ``--dtype=bfloat16`` (the tiny
   model's);
+* a lower CPU priority (``nice`` 10, :func:`lower_priority`): in a cluster the
+  engines run on GPU nodes and the control plane on others; here all share two cores,
+  and an engine starting (tens of seconds of a core) must not starve the API server of
+  the time it needs to answer a Lease renewal;
 * added to the environment: ``HF_HUB_OFFLINE=1`` and ``TRANSFORMERS_OFFLINE=1``
   (nothing is fetched); ``VLLM_CPU_OMP_THREADS_BIND=nobind`` and
   ``OMP_NUM_THREADS=1`` (a kubelet gives each pod CPUs of its own; here every engine
@@ -176,6 +180,22 @@ def _check_connector(arg: str, value: str | None) -> None:
             "install with vLLM's CPU build; vLLM's OffloadingConnector needs a GPU); "
             f"{CONNECTOR_CLASS} does"
         )
+
+
+ENGINE_NICENESS = 10
+"""How much lower than the control plane the engines run (module docstring)."""
+
+
+def lower_priority(pid: int) -> None:
+    """Run the engine at :data:`ENGINE_NICENESS`; its processes inherit it as they start.
+
+    Set right after the start: vLLM starts its engine core and worker processes seconds
+    later, after its imports, and they inherit the priority then.
+    """
+    try:
+        os.setpriority(os.PRIO_PROCESS, pid, ENGINE_NICENESS)
+    except OSError:
+        pass  # gone already: the backer sees it exit
 
 
 def scratch_dir(pod_uid: str) -> Path:

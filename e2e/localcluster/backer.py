@@ -73,7 +73,15 @@ from ._podspec import (
     readiness_probe,
 )
 from ._process import ProcessRecord, start_ticks
-from ._vllm import VllmInstall, is_vllm_image, scratch_dir, vllm_argv, vllm_env, vllm_root
+from ._vllm import (
+    VllmInstall,
+    is_vllm_image,
+    lower_priority,
+    scratch_dir,
+    vllm_argv,
+    vllm_env,
+    vllm_root,
+)
 
 BACKED_SELECTOR = f"{BACKED_LABEL}=true"
 CONTAINER_ID_PREFIX = "process://"
@@ -413,6 +421,8 @@ class PodBacker:
                 self._hand_back(backed)
                 return
         pid = backed.process.pid
+        if not container.get("command") and is_vllm_image(str(container.get("image", ""))):
+            lower_priority(pid)
         record = ProcessRecord(f"{namespace}/{name}", pid, start_ticks(pid) or 0, str(log_path))
         (pod_dir / "process.json").write_text(json.dumps(record.to_json()) + "\n")
         logger.info("%s: started pid %d: %s", backed.key, pid, " ".join(argv))
