@@ -1190,12 +1190,22 @@ def test_agent_is_off_by_default_and_unprivileged_without_criu() -> None:
     ]
     # Prometheus reaches it at the pod IP; a hostPort only with criu (restricted PSS).
     assert container(agent)["ports"] == [{"name": "http", "containerPort": 9400, "protocol": "TCP"}]
-    assert container(agent)["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
-    assert container(agent)["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    # It serves HTTPS always (a certificate it makes at start); the kubelet's probes do
+    # not verify it.
+    assert container(agent)["readinessProbe"]["httpGet"] == {
+        "path": "/readyz",
+        "port": "http",
+        "scheme": "HTTPS",
+    }
+    assert container(agent)["livenessProbe"]["httpGet"] == {
+        "path": "/healthz",
+        "port": "http",
+        "scheme": "HTTPS",
+    }
     assert_restricted(agent)
     account = by_kind(objects, "ServiceAccount")["rel-sessionfleet-agent"]
     assert account["automountServiceAccountToken"] is False
-    # No RBAC at all for the agent until its API calls exist.
+    # No RBAC at all for an agent that authenticates nobody (telemetry alone).
     for kind in ("Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding"):
         assert not [name for name in by_kind(objects, kind) if "agent" in name]
 
@@ -1210,10 +1220,71 @@ def test_only_the_criu_agent_is_privileged() -> None:
     for workload in objects:
         if workload["kind"] in ("Deployment", "DaemonSet") and workload is not agent:
             assert_restricted(workload)
-    # Without agent.tokenSecret the endpoints stay off and the operator has no criu driver.
-    operator = by_kind(objects, "Deployment")["rel-sessionfleet-operator"]
-    assert not [a for a in container(operator)["args"] if a.startswith("--agent-")]
     assert not [a for a in container(agent)["args"] if a.startswith("--token-file")]
+
+
+def test_by_default_the_criu_agents_take_a_token_for_their_node_alone() -> None:
+    """Without agent.tokenSecret: the operator requests a token of its own ServiceAccount
+    per node (TokenRequest, on that ServiceAccount alone) and each agent checks it with
+    a TokenReview (its only right, with a mounted token for it)."""
+    objects = render(
+        "agent.enabled=true",
+        "agent.criu=true",
+        "agent.metricsReaders={system:serviceaccount:monitoring:prometheus}",
+    )
+    agent = by_kind(objects, "DaemonSet")["rel-sessionfleet-agent"]
+    operator = by_kind(objects, "Deployment")["rel-sessionfleet-operator"]
+    operator_user = "system:serviceaccount:sf:rel-sessionfleet-operator"
+    assert container(agent)["args"] == [
+        "agent",
+        "--port=9400",
+        "--storage-root=/var/lib/sessionfleet/checkpoints",
+        f"--operator={operator_user}",
+        "--metrics-reader=system:serviceaccount:monitoring:prometheus",
+    ]
+    assert agent["spec"]["template"]["spec"]["automountServiceAccountToken"] is True
+    env = {e["name"]: e for e in container(agent)["env"]}
+    assert env["HOST_IP"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.hostIP"}}
+    assert {"--agent-service-account=sf/rel-sessionfleet-operator", "--agent-port=9400"} <= set(
+        container(operator)["args"]
+    )
+    assert not [a for a in container(operator)["args"] if a.startswith("--agent-token-file")]
+    assert "agent-token" not in {v["name"] for v in operator["spec"]["template"]["spec"]["volumes"]}
+    reviewer = by_kind(objects, "ClusterRole")["rel-sessionfleet-agent"]
+    assert rules(reviewer) == {("authentication.k8s.io", "tokenreviews", "create")}
+    binding = by_kind(objects, "ClusterRoleBinding")["rel-sessionfleet-agent"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "rel-sessionfleet-agent", "namespace": "sf"}
+    ]
+    minter = by_kind(objects, "Role")["rel-sessionfleet-operator-agent-tokens"]
+    assert minter["rules"] == [
+        {
+            "apiGroups": [""],
+            "resources": ["serviceaccounts/token"],
+            "resourceNames": ["rel-sessionfleet-operator"],
+            "verbs": ["create"],
+        }
+    ]
+    assert by_kind(objects, "RoleBinding")["rel-sessionfleet-operator-agent-tokens"][
+        "subjects"
+    ] == [{"kind": "ServiceAccount", "name": "rel-sessionfleet-operator", "namespace": "sf"}]
+
+
+def test_the_agents_certificate_from_a_secret_is_verified_by_the_operator() -> None:
+    objects = render("agent.enabled=true", "agent.criu=true", "agent.tls.secret=agent-tls")
+    agent = by_kind(objects, "DaemonSet")["rel-sessionfleet-agent"]
+    operator = by_kind(objects, "Deployment")["rel-sessionfleet-operator"]
+    assert {
+        "--tls-cert-file=/etc/sessionfleet/agent-tls/tls.crt",
+        "--tls-key-file=/etc/sessionfleet/agent-tls/tls.key",
+    } <= set(container(agent)["args"])
+    assert "--agent-ca-file=/etc/sessionfleet/agent-tls/ca.crt" in container(operator)["args"]
+    for workload, keys in ((agent, ["tls.crt", "tls.key"]), (operator, ["ca.crt"])):
+        volumes = {v["name"]: v for v in workload["spec"]["template"]["spec"]["volumes"]}
+        assert volumes["agent-tls"]["secret"] == {
+            "secretName": "agent-tls",
+            "items": [{"key": k, "path": k} for k in keys],
+        }, "the operator never holds the agents' private key"
 
 
 def test_the_operator_calls_the_criu_agents_with_their_token() -> None:

@@ -42,12 +42,13 @@ from sessionfleet.checkpoint.criu import (
     node_address_locator,
 )
 from sessionfleet.checkpoint.driver import CheckpointTarget, DriverError, DriverUnavailable
-from sessionfleet.checkpoint.paths import DEFAULT_STORAGE_ROOT, confine
+from sessionfleet.checkpoint.paths import DEFAULT_STORAGE_ROOT, confined_parts, open_confined
 from sessionfleet.kube import Kube, KubeConfig
 from sessionfleet.policy.checkpoint import checkpoint_location
 from sessionfleet.supervise import EXIT_TASK_FAILED
 
 TOKEN = "s3cret"
+NAMESPACE = "agents"
 UID = "0b0c1c8e-3b1a-4c7e-9d1e-7f1e2d3c4b5a"
 CID = "a" * 64
 GPU = "GPU-5ab8c1d2-0b6f-2a3e-9f11-0123456789ab"
@@ -70,7 +71,8 @@ class Node:
     killer: Killer
     capability: list[Capability]
     root: Path
-    """The agent's storage root; ``root.parent / "outside"`` is a directory beside it."""
+    """Namespace ``agents``'s tree in the agent's storage root (``root.parent``);
+    ``root.parent.parent / "outside"`` is a directory beside the storage root."""
     looked_up: list[tuple[str, str]] = field(default_factory=list)
     probes: list[int] = field(default_factory=list)
 
@@ -82,8 +84,9 @@ async def node(tmp_path: Path) -> AsyncIterator[Node]:
     capability = [CAPABLE]
     looked_up: list[tuple[str, str]] = []
     probes: list[int] = []
-    root = tmp_path / "storage"
-    root.mkdir()
+    storage = tmp_path / "storage"
+    root = storage / NAMESPACE
+    root.mkdir(parents=True)
     (tmp_path / "outside").mkdir()
 
     async def current() -> Capability:
@@ -106,7 +109,7 @@ async def node(tmp_path: Path) -> AsyncIterator[Node]:
         gpus_of=lambda pid: [GPU],
         kill=killer,
     )
-    settings = AgentSettings(node="gpu-1", token=TOKEN, capability_ttl=0, storage_root=root)
+    settings = AgentSettings(node="gpu-1", token=TOKEN, capability_ttl=0, storage_root=storage)
     agent = Agent(settings, capability=current, checkpointer=checkpointer)
     server = TestServer(build_app(agent), host="127.0.0.1")
     await server.start_server()
@@ -135,9 +138,19 @@ async def http() -> AsyncIterator[httpx.AsyncClient]:
 def body(images: Path | str, **extra: Any) -> dict[str, Any]:
     return {
         "imagesDir": str(images),
+        "namespace": NAMESPACE,
         "endpoint": "http://10.0.0.5:8000",
         "podUID": UID,
         "containerID": f"containerd://{CID}",
+        **extra,
+    }
+
+
+def restore_body(images: Path | str, **extra: Any) -> dict[str, Any]:
+    return {
+        "imagesDir": str(images),
+        "namespace": NAMESPACE,
+        "endpoint": "http://10.0.0.9:8000",
         **extra,
     }
 
@@ -167,7 +180,7 @@ async def test_a_checkpoint_through_the_endpoint(node: Node, http: httpx.AsyncCl
 
     restored = await http.post(
         f"{node.url}/restore",
-        json={"imagesDir": str(images), "endpoint": "http://10.0.0.9:8000"},
+        json=restore_body(images),
         headers=auth(),
     )
     assert restored.status_code == 200, restored.text
@@ -242,8 +255,11 @@ TOKEN_ENDPOINTS = [
     ("POST", "/checkpoint"),
     ("POST", "/restore"),
     ("GET", "/capability?refresh=1"),
+    ("GET", "/capability"),
+    ("GET", "/metrics"),
 ]
-"""Every request that needs the token: it acts on processes or probes the node."""
+"""Every request that needs the token: it acts on processes, probes the node, says
+which nodes can checkpoint, or names pods (the metrics' labels)."""
 
 
 async def _call(
@@ -311,21 +327,19 @@ async def test_the_token_opens_every_endpoint_that_needs_it(
     assert answer.status_code == 200, answer.text
 
 
-@pytest.mark.parametrize(
-    "path", ["/healthz", "/readyz", "/metrics", "/capability", "/capability?refresh=0"]
-)
-async def test_reading_endpoints_are_open(node: Node, http: httpx.AsyncClient, path: str) -> None:
+@pytest.mark.parametrize("path", ["/healthz", "/readyz"])
+async def test_only_the_probes_are_open(node: Node, http: httpx.AsyncClient, path: str) -> None:
     answer = await http.get(f"{node.url}{path}")
     assert answer.status_code == 200, answer.text
 
 
-async def test_only_a_token_holder_makes_the_agent_probe_again(
+async def test_a_refresh_probes_again_and_a_plain_read_does_not(
     node: Node, http: httpx.AsyncClient
 ) -> None:
     node.agent.capabilities.ttl = 300
-    await http.get(f"{node.url}/capability")
+    await http.get(f"{node.url}/capability", headers=auth())
     probes = len(node.probes)
-    await http.get(f"{node.url}/capability")
+    assert (await http.get(f"{node.url}/capability", headers=auth())).is_success
     assert len(node.probes) == probes, "a plain GET answers from the cache"
     assert (await http.get(f"{node.url}/capability?refresh")).status_code == 401
     assert (await http.get(f"{node.url}/capability?refresh=1", headers=auth())).is_success
@@ -353,8 +367,13 @@ async def test_without_a_token_file_the_endpoints_are_disabled(
     try:
         url = str(server.make_url("")).rstrip("/")
         answer = await _call(http, url, endpoint, tmp_path / "c1", **auth())
-        assert answer.status_code == 503
-        assert "--token-file" in answer.json()["error"]
+        if endpoint == ("GET", "/metrics"):
+            # Telemetry alone (no criu driver, nobody to authenticate): open, and
+            # docs/checkpoints.md asks for a NetworkPolicy.
+            assert answer.status_code == 200
+        else:
+            assert answer.status_code == 503
+            assert "--token-file" in answer.json()["error"]
     finally:
         await server.close()
         await agent.http.aclose()
@@ -366,13 +385,16 @@ TRAVERSALS = [
     ("{root}/../outside/c1", "'..'"),
     ("{root}/c1/../../outside", "'..'"),
     ("{root}/./c1", "'.'"),
-    ("{outside}/c1", "not inside the agent's storage root"),
-    ("/etc/cron.d", "not inside the agent's storage root"),
-    ("/", "not inside the agent's storage root"),
-    ("{root}", "not inside the agent's storage root"),  # the root itself: images inside it
-    ("{root}-evil/c1", "not inside the agent's storage root"),  # a prefix, not a parent
-    ("{root}/escape/c1", "resolves to"),  # escape -> outside: a symlink out of the root
-    ("{root}/escape", "resolves to"),
+    ("{outside}/c1", "is not inside"),
+    ("/etc/cron.d", "is not inside"),
+    ("/", "is not inside"),
+    ("{storage}", "is not inside"),  # the root itself
+    ("{root}", "is not inside"),  # the namespace's tree itself: images inside it
+    ("{root}-evil/c1", "is not inside"),  # a prefix, not a parent
+    ("{storage}-evil/agents/c1", "is not inside"),  # the root's prefix, not the root
+    ("{storage}/prod/agents/c1", "is not inside"),  # another namespace's tree
+    ("{root}/escape/c1", "symbolic link"),  # escape -> outside: a symlink out of the root
+    ("{root}/escape", "symbolic link"),
     ("{root}/%2e%2e/%2e%2e/etc", "printable ASCII"),
     ("{root}/..%2f..%2fetc", "printable ASCII"),
     ("{root}/..\\..\\etc", "printable ASCII"),
@@ -390,9 +412,9 @@ TRAVERSALS = [
 async def test_paths_out_of_the_storage_root_are_refused(
     node: Node, http: httpx.AsyncClient, operation: str, template: str, words: str
 ) -> None:
-    outside = node.root.parent / "outside"
+    outside = node.root.parent.parent / "outside"
     (node.root / "escape").symlink_to(outside)
-    images = template.format(root=node.root, outside=outside)
+    images = template.format(root=node.root, storage=node.root.parent, outside=outside)
     answer = await http.post(f"{node.url}{operation}", json=body(images), headers=auth())
     assert answer.status_code == 400, answer.text
     assert words in answer.json()["error"]
@@ -409,7 +431,56 @@ async def test_an_images_dir_that_is_not_a_string_is_refused(
     assert answer.status_code == 400 and "absolute path" in answer.json()["error"]
 
 
-async def test_a_symlink_inside_the_root_is_followed_and_the_real_path_used(
+# --- namespaces: one tree each under the one root ---------------------------------------
+
+
+@pytest.mark.parametrize("operation", ["/checkpoint", "/restore"])
+async def test_a_namespace_cannot_reach_into_another_namespaces_tree(
+    node: Node, http: httpx.AsyncClient, operation: str
+) -> None:
+    """Namespace ``llama`` whose worker sets ``storage.path`` to ``<root>/prod`` gets the
+    default location ``<root>/prod/llama/<worker>/<name>``: inside the agent's root, and
+    inside namespace ``prod``'s tree. Refused: the first component below the root must be
+    the namespace of the request."""
+    storage = node.root.parent
+    prod = storage / "prod" / "llama" / "w"
+    prod.mkdir(parents=True)
+    (prod / "c1").mkdir()
+    (prod / "c1" / METADATA_FILE).write_text(json.dumps({"gpus": [GPU]}))
+    images = prod / "c2" if operation == "/checkpoint" else prod / "c1"
+    answer = await http.post(
+        f"{node.url}{operation}", json=body(images, namespace="llama"), headers=auth()
+    )
+    assert answer.status_code == 400, answer.text
+    assert f"is not inside {storage}/llama/" in answer.json()["error"]
+    _untouched(node)
+    assert not (prod / "c2").exists()
+
+
+@pytest.mark.parametrize("namespace", [None, "", "Prod", "a/b", "..", "x" * 64, 7])
+async def test_a_request_names_a_valid_namespace(
+    node: Node, http: httpx.AsyncClient, namespace: Any
+) -> None:
+    payload = {**body(node.root / "c1"), "namespace": namespace}
+    answer = await http.post(f"{node.url}/checkpoint", json=payload, headers=auth())
+    assert answer.status_code == 400 and "namespace" in answer.json()["error"]
+    _untouched(node)
+
+
+def test_namespaces_are_compared_as_whole_components(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    assert confined_parts(f"{root}/llama/w/c", root, "llama") == ("llama", "w", "c")
+    for images in (f"{root}/llama-2/w/c", f"{root}/llamas/c", f"{root}/prod/llama/c"):
+        with pytest.raises(ValueError, match="is not inside"):
+            confined_parts(images, root, "llama")
+    with pytest.raises(ValueError, match="is not inside"):
+        confined_parts(f"{root}2/llama/c", root, "llama")
+
+
+# --- links: never followed below the root -----------------------------------------------
+
+
+async def test_a_symlink_below_the_root_is_refused_even_when_it_stays_inside(
     node: Node, http: httpx.AsyncClient
 ) -> None:
     (node.root / "real").mkdir()
@@ -417,33 +488,93 @@ async def test_a_symlink_inside_the_root_is_followed_and_the_real_path_used(
     answer = await http.post(
         f"{node.url}/checkpoint", json=body(node.root / "alias" / "c1"), headers=auth()
     )
-    assert answer.status_code == 200, answer.text
-    assert answer.json()["imagesDir"] == str(node.root / "real" / "c1")
-    assert node.criu.dumps == [(4242, node.root / "real" / "c1", True)]
+    assert answer.status_code == 400, answer.text
+    assert "symbolic link" in answer.json()["error"]
+    assert not (node.root / "real" / "c1").exists()
+    _untouched(node)
 
 
-async def test_a_root_behind_a_symlink_is_resolved_too(
-    tmp_path: Path, http: httpx.AsyncClient
+async def test_a_link_swapped_in_after_the_check_writes_nothing_outside(
+    node: Node, http: httpx.AsyncClient
 ) -> None:
+    """A pod sharing the storage replaces ``<ns>/w`` by a link to a directory outside the
+    root after the agent checked the path (here: while the node's capability is read,
+    which comes between the check and the dump). The old agent resolved the path once
+    and then wrote by name, through the new link."""
+    outside = node.root.parent.parent / "outside"
+    (node.root / "w").mkdir()
+
+    async def swap_then_capable() -> Capability:
+        if (node.root / "w").is_dir() and not (node.root / "w").is_symlink():
+            (node.root / "w").rename(node.root / "w-before")
+            (node.root / "w").symlink_to(outside)
+        return CAPABLE
+
+    node.agent.capabilities.probe = swap_then_capable
+    answer = await http.post(
+        f"{node.url}/checkpoint", json=body(node.root / "w" / "c1"), headers=auth()
+    )
+    assert answer.status_code == 400, answer.text
+    assert "symbolic link" in answer.json()["error"]
+    assert list(outside.iterdir()) == []
+    _untouched(node)
+
+
+async def test_a_link_swapped_in_during_the_dump_writes_nothing_outside(
+    node: Node, http: httpx.AsyncClient
+) -> None:
+    """The swap happens once the directory is open, while CRIU dumps: every later file
+    operation (CRIU's images, the metadata) goes through the held directory."""
+    outside = node.root.parent.parent / "outside"
+    (node.root / "w").mkdir()
+
+    async def swap() -> None:
+        (node.root / "w").rename(node.root / "w-before")
+        (node.root / "w").symlink_to(outside)
+
+    node.criu.on_dump = swap
+    answer = await http.post(
+        f"{node.url}/checkpoint", json=body(node.root / "w" / "c1"), headers=auth()
+    )
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["imagesDir"] == str(node.root / "w" / "c1")
+    assert list(outside.iterdir()) == []
+    held = node.root / "w-before" / "c1"
+    assert sorted(p.name for p in held.iterdir()) == sorted(
+        ["pages-1.img", "core-1.img", METADATA_FILE]
+    )
+
+
+def test_a_root_behind_a_symlink_is_followed_as_configured(tmp_path: Path) -> None:
     real = tmp_path / "real-root"
     real.mkdir()
     (tmp_path / "root-link").symlink_to(real)
-    with pytest.raises(ValueError, match="not inside"):
-        confine(str(tmp_path / "elsewhere"), tmp_path / "root-link")
-    assert confine(str(tmp_path / "root-link" / "c1"), tmp_path / "root-link") == real / "c1"
+    with pytest.raises(ValueError, match="is not inside"):
+        confined_parts(str(tmp_path / "elsewhere" / "ns" / "c1"), tmp_path / "root-link", "ns")
+    for asked in (tmp_path / "root-link" / "ns" / "c1", real / "ns" / "c1"):
+        with open_confined(str(asked), tmp_path / "root-link", "ns", create=True) as held:
+            assert held.path == asked
+    assert (real / "ns" / "c1").is_dir()
+    assert (real / "ns" / "c1").stat().st_mode & 0o777 == 0o700, "only root writes images"
+
+
+def test_a_missing_directory_is_a_lookup_error_without_create(tmp_path: Path) -> None:
+    with pytest.raises(LookupError, match="does not exist"):
+        open_confined(str(tmp_path / "ns" / "c1"), tmp_path, "ns", create=False)
+    assert not (tmp_path / "ns").exists()
 
 
 async def test_planted_metadata_links_are_neither_read_nor_written_through(
     node: Node, http: httpx.AsyncClient
 ) -> None:
-    secret = node.root.parent / "outside" / "secret.json"
+    secret = node.root.parent.parent / "outside" / "secret.json"
     secret.write_text('{"gpus": ["GPU-00000000-0000-0000-0000-000000000000"]}')
     images = node.root / "planted"
     images.mkdir()
     (images / METADATA_FILE).symlink_to(secret)
     restored = await http.post(
         f"{node.url}/restore",
-        json={"imagesDir": str(images), "endpoint": "http://10.0.0.9:8000"},
+        json=restore_body(images),
         headers=auth(),
     )
     assert restored.status_code == 400 and "unreadable" in restored.json()["error"]
@@ -505,7 +636,7 @@ BAD_RESTORES = [
 async def test_restore_fields_are_bounded_and_typed(
     node: Node, http: httpx.AsyncClient, change: dict[str, Any], words: str
 ) -> None:
-    payload = {"imagesDir": str(node.root / "c1"), "endpoint": "http://10.0.0.9:8000", **change}
+    payload = {**restore_body(node.root / "c1"), **change}
     answer = await http.post(f"{node.url}/restore", json=payload, headers=auth())
     assert answer.status_code == 400, answer.text
     assert words in answer.json()["error"]
@@ -570,7 +701,7 @@ async def test_a_node_that_cannot_checkpoint_answers_503_with_reasons(
     answer = await http.post(f"{node.url}/checkpoint", json=body(node.root / "c1"), headers=auth())
     assert answer.status_code == 503
     assert answer.json()["reasons"] == list(INCAPABLE.reasons)
-    capability = (await http.get(f"{node.url}/capability")).json()
+    capability = (await http.get(f"{node.url}/capability", headers=auth())).json()
     assert capability["ok"] is False and capability["node"] == "gpu-1"
     assert capability["reasons"] == list(INCAPABLE.reasons)
 
@@ -770,7 +901,7 @@ async def test_the_operators_default_locations_are_inside_the_agents_default_roo
     location = checkpoint_location(
         CheckpointStorage().path, "agents", "w", "w-manual-1", destination=None
     )
-    assert confine(location, DEFAULT_STORAGE_ROOT) == DEFAULT_STORAGE_ROOT / "agents/w/w-manual-1"
+    assert confined_parts(location, DEFAULT_STORAGE_ROOT, "agents") == ("agents", "w", "w-manual-1")
 
 
 async def test_the_driver_reports_a_location_outside_the_agents_root(
@@ -805,8 +936,8 @@ async def test_the_driver_maps_the_agents_answers(
 
 async def test_agents_are_located_at_their_nodes_internal_ip(kube: Kube) -> None:
     locate = node_address_locator(kube, port=9401)
-    assert await locate("gpu-1") == "http://10.1.2.3:9401"
-    assert await locate("v6") == "http://[fd00::7]:9401"
+    assert await locate("gpu-1") == "https://10.1.2.3:9401"
+    assert await locate("v6") == "https://[fd00::7]:9401"
     with pytest.raises(DriverError, match="no InternalIP"):
         await locate("bare")
 

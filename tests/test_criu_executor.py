@@ -7,6 +7,7 @@ over HTTP where the test is about the engine's part.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import stat
 import subprocess
@@ -317,6 +318,7 @@ def test_gpu_pairs_need_as_many_gpus() -> None:
 
 GOOD = {
     "imagesDir": "/checkpoints/ns/w/c1",
+    "namespace": "ns",
     "endpoint": "http://10.0.0.5:8000",
     "podUID": "0b0c1c8e-3b1a-4c7e-9d1e-7f1e2d3c4b5a",
     "containerID": "containerd://" + "a" * 64,
@@ -401,7 +403,12 @@ async def test_the_node_service_records_the_gpus_for_the_restore(tmp_path: Path)
     assert meta["gpus"] == [GPU_A] and meta["node"] == "gpu-node-1" and meta["pid"] == PID
 
     restore = RestoreRequest.from_json(
-        {"imagesDir": str(tmp_path / "c1"), "endpoint": "http://10.0.0.9:8000", "gpus": [GPU_B]}
+        {
+            "imagesDir": str(tmp_path / "c1"),
+            "namespace": "ns",
+            "endpoint": "http://10.0.0.9:8000",
+            "gpus": [GPU_B],
+        }
     )
     restored = await service.restore(restore)
     assert restored.ok and cuda.pairs == [(GPU_A, GPU_B)]
@@ -436,6 +443,24 @@ async def test_one_operation_per_process_at_a_time(tmp_path: Path) -> None:
         await service.checkpoint(request_for(tmp_path))
     service._busy.clear()
     assert (await service.checkpoint(request_for(tmp_path))).ok
+
+
+async def test_one_restore_per_images_directory_whatever_path_names_it(tmp_path: Path) -> None:
+    """The agent names images through a descriptor of its own, a new path per request:
+    two restores of the same directory still exclude each other."""
+    cuda = FakeCuda()
+    (tmp_path / METADATA_FILE).write_text(json.dumps({"gpus": [GPU_A]}))
+    service = node_service(cuda, FakeCriu(cuda), FakeEngine(), capable())
+    found = tmp_path.stat()
+    service._claim(f"images {found.st_dev}:{found.st_ino}")
+    descriptor = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        handle = Path(f"/proc/{os.getpid()}/fd/{descriptor}")
+        request = RestoreRequest(images_dir=handle, endpoint="http://10.0.0.9:8000")
+        with pytest.raises(Busy, match="these images"):
+            await service.restore(request)
+    finally:
+        os.close(descriptor)
 
 
 def test_the_real_kill_ends_a_process_and_ignores_one_already_gone() -> None:

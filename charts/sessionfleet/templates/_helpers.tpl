@@ -245,7 +245,43 @@ the agent pods and, when the operator calls the agents, in the operator pod.
   readOnly: true
 {{- end }}
 
-{{/* Whether the operator calls the node agents: the criu driver, with their token. */}}
+{{/* Whether the operator calls the node agents: the criu driver. */}}
 {{- define "sessionfleet.operatorCallsAgents" -}}
-{{- if and .Values.agent.enabled .Values.agent.criu .Values.agent.tokenSecret }}true{{ end }}
+{{- if and .Values.agent.enabled .Values.agent.criu }}true{{ end }}
+{{- end }}
+
+{{/*
+Whether the agents check callers with TokenReviews (the default): the operator presents
+a token of its ServiceAccount for each node's audience. Not with agent.tokenSecret (the
+static token), and not for an agent that authenticates nobody (telemetry alone).
+*/}}
+{{- define "sessionfleet.agentReviewsTokens" -}}
+{{- if and .Values.agent.enabled (not .Values.agent.tokenSecret) (or .Values.agent.criu .Values.agent.metricsReaders) }}true{{ end }}
+{{- end }}
+
+{{/* The operator's user name, which the agents trust (--operator). */}}
+{{- define "sessionfleet.operatorUserName" -}}
+system:serviceaccount:{{ .Release.Namespace }}:{{ include "sessionfleet.serviceAccountName" (dict "root" . "component" "operator") }}
+{{- end }}
+
+{{/* The agents' certificate from agent.tls.secret: tls.crt and tls.key, and ca.crt. */}}
+{{- define "sessionfleet.agentTLSDir" -}}
+/etc/sessionfleet/agent-tls
+{{- end }}
+
+{{- define "sessionfleet.agentTLSVolume" -}}
+- name: agent-tls
+  secret:
+    secretName: {{ .root.Values.agent.tls.secret }}
+    items:
+      {{- range .keys }}
+      - key: {{ . }}
+        path: {{ . }}
+      {{- end }}
+{{- end }}
+
+{{- define "sessionfleet.agentTLSMount" -}}
+- name: agent-tls
+  mountPath: {{ include "sessionfleet.agentTLSDir" . }}
+  readOnly: true
 {{- end }}

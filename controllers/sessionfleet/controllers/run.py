@@ -8,13 +8,12 @@ import logging
 import os
 from dataclasses import dataclass
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import httpx
 
 from sessionfleet.api import parse_duration
-from sessionfleet.checkpoint.criu import AGENT_PORT
+from sessionfleet.checkpoint.criu import AGENT_PORT, AgentAccess, service_account_ref
 from sessionfleet.cliargs import fraction, non_negative_float, positive_float, positive_int
 from sessionfleet.controllers.config import OperatorConfig
 from sessionfleet.leader import DEFAULT_LEASE_NAME
@@ -147,8 +146,22 @@ def add_parser(commands: Any) -> None:
         f"default {DEFAULTS.event_series_seconds:g})",
     )
     parser.add_argument(
+        "--agent-service-account",
+        metavar="NAMESPACE/NAME",
+        type=_service_account,
+        help="the operator's own ServiceAccount: it requests a token of it for each node's "
+        "agent (audience sessionfleet-agent:<node>, TokenRequest), which only that node's "
+        "agent accepts; enables the criu checkpoint driver",
+    )
+    parser.add_argument(
         "--agent-token-file",
-        help="the node agents' shared secret; enables the criu checkpoint driver",
+        help="instead of --agent-service-account, for agents started with --token-file: "
+        "their one shared secret; enables the criu checkpoint driver",
+    )
+    parser.add_argument(
+        "--agent-ca-file",
+        help="verify the agents' HTTPS certificates against this CA; default: encrypted "
+        "but unverified (each agent's self-signed certificate)",
     )
     parser.add_argument(
         "--agent-port",
@@ -270,13 +283,23 @@ def _run(args: argparse.Namespace) -> int:
         # Per-request and per-event lines would drown what matters at fleet scale.
         logging.getLogger("httpx").setLevel(logging.WARNING)
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
-    return asyncio.run(run_operator(config, args.agent_token_file, args.agent_port, election))
+    agents = AgentAccess(
+        args.agent_port, args.agent_token_file, args.agent_service_account, args.agent_ca_file
+    )
+    return asyncio.run(run_operator(config, agents=agents, election=election))
+
+
+def _service_account(text: str) -> str:
+    try:
+        service_account_ref(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return text
 
 
 async def run_operator(
     config: OperatorConfig,
-    agent_token_file: str | None = None,
-    agent_port: int = AGENT_PORT,
+    agents: AgentAccess | None = None,
     election: ElectionConfig | None = None,
 ) -> int:
     """Run kopf with the sessionfleet handlers until it is stopped; return the exit status.
@@ -291,7 +314,8 @@ async def run_operator(
 
     The ``engine`` and ``kubelet`` checkpoint drivers are always available (the second
     needs ``nodes/proxy`` RBAC, which the chart grants only when asked); ``criu`` needs
-    the node agents' token, since the agent acts on other pods' processes.
+    a way to authenticate to the node agents (``agents``), since an agent acts on other
+    pods' processes.
     """
     import kopf
     from kopf._cogs.structs.references import Insights
@@ -300,7 +324,6 @@ async def run_operator(
     from sessionfleet import __version__
     from sessionfleet.api import CheckpointDriver
     from sessionfleet.checkpoint import Driver
-    from sessionfleet.checkpoint.criu import CriuDriver, node_address_locator
     from sessionfleet.checkpoint.engine import EngineDriver
     from sessionfleet.checkpoint.kubelet import KubeletDriver
     from sessionfleet.controllers import (
@@ -352,10 +375,8 @@ async def run_operator(
             )
         ),
     }
-    if agent_token_file:
-        token = Path(agent_token_file).read_text().strip()
-        locate = node_address_locator(kube, agent_port)
-        drivers[CheckpointDriver.CRIU] = CriuDriver(http, kube, locate=locate, token=token)
+    if agents is not None and (criu := agents.driver(kube)) is not None:
+        drivers[CheckpointDriver.CRIU] = criu
     events = EventRecorder(
         kube, leadership.identity, coalescer=Coalescer(flush_every=config.event_series_seconds)
     )

@@ -26,9 +26,12 @@ per process, each process mapped to its pod through its cgroup, as Prometheus me
 on /metrics; where NVML is absent it says so once and keeps serving. Hosts the criu
 checkpoint driver's endpoint: GET /capability says whether this node can checkpoint
 GPU processes (NVIDIA driver >= 570, CRIU >= 4.0, root) and why not; POST /checkpoint
-and POST /restore, which need the --token-file secret and write and read images only
-under --storage-root. /readyz fails, and the agent exits 1, when a background loop
-dies. See docs/checkpoints.md.
+and POST /restore, which write and read images only under --storage-root/<namespace>/.
+Those need the operator: a token of an --operator identity for this node's audience
+(sessionfleet-agent:<node>, checked with a TokenReview), or the static --token-file;
+/metrics then needs one too (or a --metrics-reader's). Serves HTTPS: --tls-cert-file
+and --tls-key-file, else a self-signed certificate made at start. /readyz fails, and
+the agent exits 1, when a background loop dies. See docs/checkpoints.md.
 """
 
 
@@ -80,11 +83,43 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
         help="seconds between GPU samples (default: 10)",
     )
     parser.add_argument(
+        "--operator",
+        action="append",
+        default=[],
+        metavar="USER",
+        help="a user name (system:serviceaccount:<namespace>:<name>) whose tokens for this "
+        "node's audience may checkpoint, restore and read /capability and /metrics, checked "
+        "with a TokenReview; repeatable. Needs API access (in-cluster or --kubeconfig)",
+    )
+    parser.add_argument(
+        "--metrics-reader",
+        action="append",
+        default=[],
+        metavar="USER",
+        help="a user name whose ordinary ServiceAccount token may read /metrics (a "
+        "Prometheus); with --operator only; repeatable",
+    )
+    parser.add_argument(
         "--token-file",
         type=Path,
         default=None,
-        help="file holding the bearer token that POST /checkpoint, /restore and "
-        "GET /capability?refresh=1 require; without it those endpoints are disabled",
+        help="instead of --operator, where the agent cannot reach the API server: a file "
+        "holding one static bearer token for every node; without either, the endpoints that "
+        "act or probe are disabled and /metrics is open",
+    )
+    parser.add_argument(
+        "--tls-cert-file",
+        type=Path,
+        default=None,
+        help="the HTTPS certificate (PEM); with --tls-key-file. Default: a self-signed "
+        "certificate made at start, naming the node and $HOST_IP",
+    )
+    parser.add_argument("--tls-key-file", type=Path, default=None, help="its private key (PEM)")
+    parser.add_argument(
+        "--plain-http",
+        action="store_true",
+        help="serve plain HTTP: only for an agent bound to loopback in a test; tokens "
+        "would travel in clear text",
     )
     parser.add_argument(
         "--storage-root",
@@ -123,6 +158,13 @@ def settings_from_args(args: argparse.Namespace) -> AgentSettings:
     token = args.token_file.read_text().strip() if args.token_file else None
     if args.token_file and not token:
         raise ValueError(f"{args.token_file} is empty")
+    if args.operator and args.token_file:
+        raise ValueError("--operator and --token-file exclude each other: choose one")
+    if args.metrics_reader and not args.operator:
+        raise ValueError("--metrics-reader needs --operator (TokenReview)")
+    if (args.tls_cert_file is None) != (args.tls_key_file is None):
+        raise ValueError("--tls-cert-file and --tls-key-file go together")
+    host_ip = os.environ.get("HOST_IP", "")
     return AgentSettings(
         node=args.node_name or os.environ.get("NODE_NAME") or socket.gethostname(),
         host=args.host,
@@ -130,6 +172,12 @@ def settings_from_args(args: argparse.Namespace) -> AgentSettings:
         interval=args.interval,
         capability_ttl=args.capability_ttl,
         token=token,
+        operators=frozenset(args.operator),
+        metrics_readers=frozenset(args.metrics_reader),
+        tls_cert_file=args.tls_cert_file,
+        tls_key_file=args.tls_key_file,
+        plain_http=args.plain_http,
+        addresses=(host_ip,) if host_ip else (),
         proc=args.proc,
         criu=args.criu,
         storage_root=args.storage_root,
@@ -164,7 +212,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         settings = settings_from_args(args)
     except (OSError, ValueError) as error:
-        print(f"agent: cannot read the token file: {error}", file=sys.stderr)
+        print(f"agent: {error}", file=sys.stderr)
         return 2
 
     async def main() -> int:
@@ -172,7 +220,15 @@ def run(args: argparse.Namespace) -> int:
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
-        return await serve(Agent(settings, kube=_kube(args.kubeconfig)), stop)
+        kube = _kube(args.kubeconfig)
+        if settings.operators and kube is None:
+            print(
+                "agent: --operator needs access to the API server for TokenReviews "
+                "(in-cluster, or --kubeconfig)",
+                file=sys.stderr,
+            )
+            return 2
+        return await serve(Agent(settings, kube=kube), stop)
 
     try:
         # Non-zero when a background loop died: Kubernetes then restarts the agent.

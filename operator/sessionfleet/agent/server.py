@@ -1,21 +1,24 @@
-"""The node agent's HTTP server: telemetry on ``/metrics``, the ``criu`` driver's endpoint.
+"""The node agent's HTTPS server: telemetry on ``/metrics``, the ``criu`` driver's endpoint.
 
-- ``GET /metrics``: GPU telemetry (:mod:`.telemetry`) in Prometheus text format;
+- ``GET /metrics``: GPU telemetry (:mod:`.telemetry`) in Prometheus text format; its
+  labels name pods, so it needs a caller the agent trusts (the operator, or a
+  ``--metrics-reader``) whenever the agent authenticates at all;
 - ``GET /capability``: whether this node can checkpoint GPU processes, and every reason
-  it cannot, from a cache; ``?refresh=1`` probes again (``criu check`` and more), which
-  needs the token;
+  it cannot, from a cache; ``?refresh=1`` probes again (``criu check`` and more). The
+  operator's only: it tells an attacker which nodes can act on processes;
 - ``POST /checkpoint`` and ``POST /restore``: run the ``criu`` driver's state machine
   on a pod's engine process (:class:`sessionfleet.checkpoint.criu.NodeCheckpointer`).
-  They need the token: they pause, lock and, after a fatal failure, kill other pods'
-  processes. The images directory of a request must resolve (symlinks followed) to a
-  path strictly inside the agent's storage root
-  (:func:`sessionfleet.checkpoint.paths.confine`);
+  The operator's only: they pause, lock and, after a fatal failure, kill other pods'
+  processes. The images directory of a request must lie strictly inside
+  ``<storage root>/<namespace>/`` and is opened without following any link below the
+  root (:func:`sessionfleet.checkpoint.paths.open_confined`);
 - ``GET /healthz``: the process answers; ``GET /readyz``: and every background loop
   (sampling, capability, pod names) still runs: a loop that died makes it 503, naming
   the loop, and the process exits non-zero (:mod:`sessionfleet.supervise`).
 
-The token is ``Authorization: Bearer <token>`` with the agent's ``--token-file``,
-compared in constant time; without a token file the endpoints that need it answer 503.
+Callers present ``Authorization: Bearer <token>``: a token of the operator's
+ServiceAccount for this node's audience, checked with a TokenReview, or the static
+``--token-file`` (:mod:`.auth`); without either the endpoints that need one answer 503.
 
 Answers to the POST endpoints: 200 with the run's record when it succeeded; 500 with
 the record when it failed (``phase`` ``Failed``: undone, the engine serves as before;
@@ -30,7 +33,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import json
 import logging
 import time
@@ -44,6 +46,13 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from sessionfleet.agent.auth import (
+    TOKEN_REQUIRED,
+    Access,
+    Authenticator,
+    StaticToken,
+    TokenReviewer,
+)
 from sessionfleet.agent.cgroups import PodRef, find_container_pid, pod_of_cgroup
 from sessionfleet.agent.telemetry import (
     AgentCollector,
@@ -52,6 +61,7 @@ from sessionfleet.agent.telemetry import (
     PodName,
     Snapshot,
 )
+from sessionfleet.agent.tls import server_context
 from sessionfleet.checkpoint.capability import Capability, detect
 from sessionfleet.checkpoint.criu import (
     Busy,
@@ -65,7 +75,7 @@ from sessionfleet.checkpoint.criu import (
 )
 from sessionfleet.checkpoint.cuda import LIBCUDA, CudaCheckpointApi
 from sessionfleet.checkpoint.driver import DriverUnavailable
-from sessionfleet.checkpoint.paths import DEFAULT_STORAGE_ROOT, confine
+from sessionfleet.checkpoint.paths import DEFAULT_STORAGE_ROOT, confined_parts, open_confined
 from sessionfleet.kube import PODS, Kube, KubeError
 from sessionfleet.supervise import EXIT_TASK_FAILED, Supervisor
 
@@ -84,7 +94,18 @@ class AgentSettings:
     capability_ttl: float = 300.0
     """Seconds a capability probe is reused (``criu check`` takes a while)."""
     token: str | None = None
-    """The shared secret the checkpoint endpoints require; ``None`` disables them."""
+    """The static shared secret (``--token-file``), when the agent cannot review tokens."""
+    operators: frozenset[str] = frozenset()
+    """User names whose tokens for this node may operate (``--operator``): TokenReview."""
+    metrics_readers: frozenset[str] = frozenset()
+    """User names whose ordinary ServiceAccount tokens may read ``/metrics``."""
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
+    """A certificate and key (a mounted Secret); neither: a self-signed one made at start."""
+    plain_http: bool = False
+    """Serve without TLS (a loopback test only: the token would travel in clear text)."""
+    addresses: tuple[str, ...] = ()
+    """This node's addresses, named in a self-signed certificate."""
     storage_root: Path = DEFAULT_STORAGE_ROOT
     """The only directory tree checkpoint images are written to and restored from."""
     proc: Path = Path("/proc")
@@ -132,9 +153,11 @@ class Agent:
         capability: Callable[[], Awaitable[Capability]] | None = None,
         checkpointer: NodeCheckpointer | None = None,
         kube: Kube | None = None,
+        authenticator: Authenticator | None = None,
     ) -> None:
         # The agent owns ``kube`` from here on and closes it when it stops.
         self.settings = settings
+        self.authenticator = authenticator or authenticator_for(settings, kube)
         self.state = AgentState(node=settings.node)
         self.nvml = NvmlSampler()
         self.sample = sampler or self.nvml.sample
@@ -232,6 +255,20 @@ class Agent:
         self.state.operations[key] = self.state.operations.get(key, 0) + 1
 
 
+def authenticator_for(settings: AgentSettings, kube: Kube | None) -> Authenticator | None:
+    """Return how the agent authenticates callers; ``None``: nobody may operate."""
+    if settings.operators:
+        if kube is None:
+            raise ValueError(
+                "--operator needs access to the API server for TokenReviews "
+                "(in-cluster, or --kubeconfig)"
+            )
+        return TokenReviewer(kube, settings.node, settings.operators, settings.metrics_readers)
+    if settings.token:
+        return StaticToken(settings.token)
+    return None
+
+
 def pod_names(items: list[dict[str, Any]]) -> dict[str, PodName]:
     """Return pod UID → namespace and name from a pod list's items."""
     names = {}
@@ -257,19 +294,23 @@ def _error(status: int, message: str, **extra: Any) -> web.Response:
     return web.json_response({"error": message, **extra}, status=status)
 
 
-def _refused(request: web.Request) -> web.Response | None:
-    """Return the answer to a request without the agent's token, or ``None`` when it has it."""
-    token = _agent(request).settings.token
-    if token is None:
-        return _error(503, "this endpoint is disabled: start the agent with --token-file")
+async def _refused(request: web.Request, access: Access = Access.OPERATE) -> web.Response | None:
+    """Return the answer to a caller without ``access``, or ``None`` when it has it."""
+    authenticator = _agent(request).authenticator
+    if authenticator is None:
+        return _error(
+            503, "this endpoint is disabled: start the agent with --operator or --token-file"
+        )
     scheme, _, offered = request.headers.get("Authorization", "").partition(" ")
-    # Constant time, so that the answer's timing does not reveal the token's prefix;
-    # surrogatepass: a header that is not valid UTF-8 must be refused, not crash.
-    if scheme.lower() != "bearer" or not hmac.compare_digest(
-        offered.strip().encode("utf-8", "surrogatepass"), token.encode()
-    ):
+    reason = (
+        TOKEN_REQUIRED
+        if scheme.lower() != "bearer"
+        else await authenticator.refusal(offered.strip(), access)
+    )
+    if reason is not None:
+        log.info("refused %s %s: %s", request.method, request.path, reason)
         return web.json_response(
-            {"error": "a valid bearer token is required"},
+            {"error": reason if reason == TOKEN_REQUIRED else f"{TOKEN_REQUIRED}: {reason}"},
             status=401,
             headers={"WWW-Authenticate": "Bearer"},
         )
@@ -288,6 +329,12 @@ async def _readyz(request: web.Request) -> web.Response:
 
 
 async def _metrics(request: web.Request) -> web.Response:
+    # Open only on an agent that authenticates nobody (telemetry alone, no criu driver):
+    # docs/checkpoints.md asks for a NetworkPolicy there.
+    if _agent(request).authenticator is not None and (
+        refused := await _refused(request, Access.READ_METRICS)
+    ):
+        return refused
     body = generate_latest(_agent(request).registry)
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
@@ -300,9 +347,9 @@ def wants_refresh(query: Mapping[str, str]) -> bool:
 async def _capability(request: web.Request) -> web.Response:
     agent = _agent(request)
     refresh = wants_refresh(request.query)
-    # A probe runs `criu check` and loads libcuda: only token holders may ask for one,
-    # anyone may read the cached answer.
-    if refresh and (refused := _refused(request)) is not None:
+    # Which nodes can pause, dump and kill processes is the operator's to know; a probe
+    # runs `criu check` and loads libcuda.
+    if (refused := await _refused(request)) is not None:
         return refused
     capability = await agent.capabilities.get(refresh=refresh)
     agent.state.capable = capability.ok
@@ -333,33 +380,49 @@ async def _guarded(
 ) -> web.Response:
     """Authenticate, parse, confine, check capability, run; map every outcome to a status."""
     agent = _agent(request)
-    if (refused := _refused(request)) is not None:
+    if (refused := await _refused(request)) is not None:
         return refused
     try:
         raw = await request.read()
     except web.HTTPRequestEntityTooLarge:
         return _error(413, f"the body is larger than {MAX_BODY_BYTES} bytes")
+    root = agent.settings.storage_root
     try:
         parsed = parse(parse_body(raw))
-        # The resolved path, not the one asked for, is what the run uses: it was checked.
-        images = await asyncio.to_thread(
-            confine, str(parsed.images_dir), agent.settings.storage_root
-        )
+        confined_parts(str(parsed.images_dir), root, parsed.namespace)
     except ValueError as error:
         return _error(400, str(error))
     capability = await agent.capabilities.get()
     if not capability.ok:
         return _error(503, capability.explain(), reasons=list(capability.reasons))
     try:
-        run = await work(replace(parsed, images_dir=images))
+        # Opened once, component by component without following links; the run then
+        # names the directory only through the held descriptor.
+        held = await asyncio.to_thread(
+            open_confined,
+            str(parsed.images_dir),
+            root,
+            parsed.namespace,
+            create=isinstance(parsed, CheckpointRequest),
+        )
+    except ValueError as error:
+        return _error(400, str(error))
+    except LookupError as error:
+        return _error(404, str(error).strip("'\""))
+    try:
+        run = await work(replace(parsed, images_dir=held.handle))
     except DriverUnavailable as error:
         return _error(503, str(error), reasons=[str(error)])
     except Busy as error:
         return _error(409, str(error))
     except LookupError as error:
-        return _error(404, str(error).strip("'\""))
+        return _error(404, str(error).strip("'\"").replace(str(held.handle), str(held.path)))
     except ValueError as error:
-        return _error(400, str(error))
+        return _error(400, str(error).replace(str(held.handle), str(held.path)))
+    finally:
+        held.close()
+    run.images = held.path
+    run.error = run.error.replace(str(held.handle), str(held.path))
     agent.count(run)
     return web.json_response(run.to_json(), status=200 if run.ok else 500)
 
@@ -394,19 +457,34 @@ async def serve(agent: Agent, stop: asyncio.Event | None = None) -> int:
     so that Kubernetes restarts the agent instead of leaving it half working.
     """
     settings = agent.settings
+    tls = None
+    if not settings.plain_http:
+        tls = await asyncio.to_thread(
+            server_context,
+            settings.node,
+            settings.tls_cert_file,
+            settings.tls_key_file,
+            settings.addresses,
+        )
     runner = web.AppRunner(build_app(agent), access_log=None)
     await runner.setup()
     try:
         async with agent.running() as supervisor:
-            site = web.TCPSite(runner, settings.host, settings.port, reuse_address=True)
+            site = web.TCPSite(
+                runner, settings.host, settings.port, reuse_address=True, ssl_context=tls
+            )
             await site.start()
             log.info(
-                "node agent for %s serving on http://%s:%d (checkpoint endpoints %s; "
-                "storage root %s)",
+                "node agent for %s serving on %s://%s:%d (%s; callers: %s; storage root %s)",
                 settings.node,
+                "http" if tls is None else "https",
                 settings.host,
                 settings.port,
-                "enabled" if settings.token else "disabled: no --token-file",
+                "no TLS"
+                if tls is None
+                else "TLS with "
+                + ("the given certificate" if settings.tls_cert_file else "a self-signed one"),
+                describe_callers(settings),
                 settings.storage_root,
             )
             failure = await supervisor.wait(stop)
@@ -418,11 +496,22 @@ async def serve(agent: Agent, stop: asyncio.Event | None = None) -> int:
     return 0
 
 
+def describe_callers(settings: AgentSettings) -> str:
+    """Return who may operate the agent, for its start line."""
+    if settings.operators:
+        return "TokenReview for " + ", ".join(sorted(settings.operators))
+    if settings.token:
+        return "the static --token-file"
+    return "nobody (checkpoint endpoints disabled; /metrics open)"
+
+
 __all__ = [
     "AGENT_KEY",
     "MAX_BODY_BYTES",
     "Agent",
     "AgentSettings",
+    "authenticator_for",
+    "describe_callers",
     "CapabilityCache",
     "build_app",
     "parse_body",

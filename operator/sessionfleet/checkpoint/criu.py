@@ -29,6 +29,7 @@ import logging
 import os
 import re
 import signal
+import stat
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -41,6 +42,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from sessionfleet.api import CheckpointDriver, EngineType
+from sessionfleet.checkpoint.agent_tokens import AgentTokens, agent_ssl_context
 from sessionfleet.checkpoint.capability import MIN_DRIVER_REMAP, Capability
 from sessionfleet.checkpoint.criu_machine import (
     SUCCEEDED,
@@ -205,14 +207,29 @@ class CriuCli:
         pidfile = images / "restored.pid"
         await asyncio.to_thread(pidfile.unlink, missing_ok=True)
         await self._run(self.restore_argv(images, pidfile), images / "restore.log")
-        text = await asyncio.to_thread(pidfile.read_text)
+        text = await asyncio.to_thread(_read_no_link, pidfile, 64)
         return int(text.strip())
+
+
+def _read_no_link(path: Path, limit: int) -> str:
+    """Return up to ``limit`` bytes of ``path``, refusing a symlink planted in its place."""
+    descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    with open(descriptor, encoding="utf-8", errors="replace") as file:
+        return file.read(limit)
+
+
+MAX_LOG_BYTES = 1 << 20
+"""The end of a CRIU log that is read for its errors."""
 
 
 def _log_tail(path: Path, lines: int = 5) -> str:
     """Return the last error lines of a CRIU log (its ``Error`` lines, else its end)."""
     try:
-        text = path.read_text(errors="replace")
+        size = os.stat(path, follow_symlinks=False).st_size
+        descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        with open(descriptor, "rb") as file:
+            file.seek(max(0, size - MAX_LOG_BYTES))
+            text = file.read(MAX_LOG_BYTES).decode(errors="replace")
     except OSError:
         return ""
     kept = [line.strip() for line in text.splitlines() if line.strip()]
@@ -221,8 +238,16 @@ def _log_tail(path: Path, lines: int = 5) -> str:
 
 
 def directory_bytes(path: Path) -> int:
-    """Return the total size of the regular files under ``path``."""
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+    """Return the total size of the regular files under ``path``, never following a link."""
+    total = 0
+    # fwalk descends through descriptors: a directory swapped for a link meanwhile is
+    # not followed out of the tree.
+    for _, _, files, directory in os.fwalk(path, follow_symlinks=False):
+        for name in files:
+            found = os.stat(name, dir_fd=directory, follow_symlinks=False)
+            if stat.S_ISREG(found.st_mode):
+                total += found.st_size
+    return total
 
 
 class HttpEngine:
@@ -468,6 +493,7 @@ _POD_UID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f
 # What a pod status's containerID holds: a runtime scheme and the 64 hex digits that the
 # container's cgroup names (agent.cgroups), so nothing else could match a process anyway.
 _CONTAINER_ID = re.compile(r"^(?:[a-z][a-z0-9+.-]{0,31}://)?[0-9a-f]{64}$", re.I)
+_NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _NAME_THE_CONTAINER = "podUID and containerID must name the engine's container"
 
 
@@ -478,20 +504,23 @@ class CheckpointRequest:
     The process is named by its pod's UID and its container's runtime ID, never by a
     raw PID: the agent acts only on containers of pods, found through their cgroups.
     ``images_dir`` is checked lexically here (absolute, no ``..``); the agent then
-    confines it to its storage root (:func:`sessionfleet.checkpoint.paths.confine`).
+    opens it inside ``<storage root>/<namespace>/`` without following a link
+    (:func:`sessionfleet.checkpoint.paths.open_confined`).
     """
 
     images_dir: Path
     endpoint: str
     pod_uid: str
     container_id: str
+    namespace: str = ""
+    """The worker's namespace: the images must lie in its tree of the storage root."""
     leave_running: bool = True
     lock_timeout_ms: int = DEFAULT_LOCK_TIMEOUT_MS
 
     @classmethod
     def from_json(cls, body: Mapping[str, Any]) -> CheckpointRequest:
         """Parse and check a request; :class:`ValueError` says what is wrong."""
-        images, endpoint = _location_and_endpoint(body)
+        images, endpoint, namespace = _location_and_endpoint(body)
         uid, container = body.get("podUID"), body.get("containerID")
         if not isinstance(uid, str) or not _POD_UID.match(uid):
             raise ValueError(f"{_NAME_THE_CONTAINER}: podUID is not a pod's UID")
@@ -515,6 +544,7 @@ class CheckpointRequest:
         return cls(
             images_dir=images,
             endpoint=endpoint,
+            namespace=namespace,
             pod_uid=uid,
             container_id=container,
             leave_running=leave_running,
@@ -522,14 +552,17 @@ class CheckpointRequest:
         )
 
 
-def _location_and_endpoint(body: Mapping[str, Any]) -> tuple[Path, str]:
+def _location_and_endpoint(body: Mapping[str, Any]) -> tuple[Path, str, str]:
     images = Path(checked_path(body.get("imagesDir"), "imagesDir"))
     endpoint = body.get("endpoint")
     if not isinstance(endpoint, str) or not _is_http_url(endpoint):
         raise ValueError(
             f"endpoint must be the engine's http:// URL of at most {MAX_ENDPOINT_CHARS} characters"
         )
-    return images, endpoint
+    namespace = body.get("namespace")
+    if not isinstance(namespace, str) or not _NAMESPACE.match(namespace):
+        raise ValueError("namespace must be the worker's namespace (a DNS label)")
+    return images, endpoint, namespace
 
 
 def _is_http_url(text: str) -> bool:
@@ -550,11 +583,13 @@ class RestoreRequest:
     endpoint: str
     gpus: tuple[str, ...] = ()
     """The GPUs to restore onto (UUIDs); empty: the ones the process used."""
+    namespace: str = ""
+    """The worker's namespace: the images must lie in its tree of the storage root."""
 
     @classmethod
     def from_json(cls, body: Mapping[str, Any]) -> RestoreRequest:
         """Parse and check a request; :class:`ValueError` says what is wrong."""
-        images, endpoint = _location_and_endpoint(body)
+        images, endpoint, namespace = _location_and_endpoint(body)
         gpus = body.get("gpus") or []
         if (
             not isinstance(gpus, list)
@@ -566,7 +601,7 @@ class RestoreRequest:
             # Checked now: a bad UUID found after CRIU restored the process would leave
             # it locked, and the agent would have to kill it.
             uuid_bytes(gpu)
-        return cls(images_dir=images, endpoint=endpoint, gpus=tuple(gpus))
+        return cls(images_dir=images, endpoint=endpoint, gpus=tuple(gpus), namespace=namespace)
 
 
 class Busy(Exception):
@@ -610,9 +645,9 @@ class NodeCheckpointer:
             raise DriverUnavailable(capability.explain())
         return capability
 
-    def _claim(self, key: str) -> None:
+    def _claim(self, key: str, what: str | None = None) -> None:
         if key in self._busy:
-            raise Busy(f"a checkpoint or restore of {key} is already running")
+            raise Busy(f"a checkpoint or restore of {what or key} is already running")
         self._busy.add(key)
 
     async def checkpoint(self, request: CheckpointRequest) -> Run:
@@ -661,8 +696,11 @@ class NodeCheckpointer:
                 f"restoring onto other GPUs needs NVIDIA driver ≥ {MIN_DRIVER_REMAP}; "
                 f"this node has {capability.driver_version}"
             )
-        key = f"images {request.images_dir}"
-        self._claim(key)
+        # By the directory's identity: the agent names it through a descriptor of its
+        # own (ConfinedDirectory.handle), a different path for every request.
+        found = await asyncio.to_thread(os.stat, request.images_dir)
+        key = f"images {found.st_dev}:{found.st_ino}"
+        self._claim(key, "these images")
         try:
             cuda = await asyncio.to_thread(self.make_cuda)
             executor = ProcessCheckpointer(
@@ -720,7 +758,7 @@ AgentLocator = Callable[[str], Awaitable[str]]
 """Node name to the base URL of the agent on that node."""
 
 
-def node_address_locator(kube: Kube, port: int = AGENT_PORT) -> AgentLocator:
+def node_address_locator(kube: Kube, port: int = AGENT_PORT, scheme: str = "https") -> AgentLocator:
     """Locate agents at their node's InternalIP (the agent's DaemonSet uses a hostPort)."""
 
     async def locate(node: str) -> str:
@@ -731,7 +769,7 @@ def node_address_locator(kube: Kube, port: int = AGENT_PORT) -> AgentLocator:
         for address in (body.get("status") or {}).get("addresses") or []:
             if address.get("type") == "InternalIP" and address.get("address"):
                 host = str(address["address"])
-                return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+                return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
         raise DriverError(f"node {node} has no InternalIP to reach its agent at")
 
     return locate
@@ -748,8 +786,11 @@ def container_id_of(pod: Mapping[str, Any], container: str) -> str:
 class CriuDriver:
     """Checkpoints a worker's whole engine process through the agent on its node.
 
-    ``token`` is the agent's shared secret (its ``--token-file``): the agent acts on
-    other pods' processes and answers only callers that present it.
+    The agent acts on other pods' processes and answers only callers it trusts: with
+    ``tokens``, the driver presents a token of the operator's ServiceAccount valid for
+    that one node (:class:`~sessionfleet.checkpoint.agent_tokens.AgentTokens`); else
+    ``token``, the agents' shared secret (their ``--token-file``). ``http`` should
+    check the agents' certificates as :func:`~.agent_tokens.agent_ssl_context` says.
     """
 
     name = CheckpointDriver.CRIU
@@ -765,10 +806,12 @@ class CriuDriver:
         lock_timeout_seconds: float = DEFAULT_LOCK_TIMEOUT_MS / 1000,
         timeout: float = 900.0,
         token: str | None = None,
+        tokens: AgentTokens | None = None,
     ) -> None:
         self.http = http
         self.kube = kube
         self.token = token
+        self.tokens = tokens
         self.locate = locate or node_address_locator(kube)
         self.container = container
         self.leave_running = leave_running
@@ -777,7 +820,13 @@ class CriuDriver:
 
     async def _post(self, node: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
         base = await self.locate(node)
-        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        token = self.token
+        if self.tokens is not None:
+            try:
+                token = await self.tokens.for_node(node)
+            except KubeError as error:
+                raise DriverError(f"no token for the node agent on {node}: {error}") from error
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
         try:
             response = await self.http.post(
                 f"{base}{path}", json=body, headers=headers, timeout=self.timeout
@@ -837,6 +886,7 @@ class CriuDriver:
                 "containerID": container_id,
                 "endpoint": target.endpoint,
                 "imagesDir": target.location,
+                "namespace": target.namespace,
                 "leaveRunning": self.leave_running,
                 "lockTimeoutSeconds": self.lock_timeout_seconds,
             },
@@ -851,7 +901,13 @@ class CriuDriver:
         """Restore the process saved at ``target.location`` on the target's node."""
         node = self._where(target)
         answer = await self._post(
-            node, "/restore", {"imagesDir": target.location, "endpoint": target.endpoint}
+            node,
+            "/restore",
+            {
+                "imagesDir": target.location,
+                "namespace": target.namespace,
+                "endpoint": target.endpoint,
+            },
         )
         return CheckpointOutcome(
             location=target.location, seconds=float(answer.get("seconds", 0.0))
@@ -862,8 +918,46 @@ class CriuDriver:
         return []
 
 
+def service_account_ref(text: str) -> tuple[str, str]:
+    """Return ``(namespace, name)`` of ``NAMESPACE/NAME``; :class:`ValueError` if malformed."""
+    namespace, _, name = text.partition("/")
+    if not _NAMESPACE.match(namespace) or not re.fullmatch(
+        r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?", name
+    ):
+        raise ValueError(f"not NAMESPACE/NAME of a ServiceAccount: {text!r}")
+    return namespace, name
+
+
+@dataclass(frozen=True, slots=True)
+class AgentAccess:
+    """How the operator reaches and authenticates to the node agents (its ``--agent-*`` flags)."""
+
+    port: int = AGENT_PORT
+    token_file: str | None = None
+    """The agents' static shared secret (agents started with ``--token-file``)."""
+    service_account: str | None = None
+    """``NAMESPACE/NAME`` of the operator's ServiceAccount: a token per node (TokenRequest)."""
+    ca_file: str | None = None
+    """The CA that signed the agents' certificates; ``None``: encrypted, unverified."""
+
+    def driver(self, kube: Kube) -> CriuDriver | None:
+        """Return the criu driver, or ``None`` when the operator has no way to authenticate."""
+        token, tokens = None, None
+        if self.service_account:
+            namespace, name = service_account_ref(self.service_account)
+            tokens = AgentTokens(kube, namespace, name)
+        elif self.token_file:
+            token = Path(self.token_file).read_text().strip()
+        else:
+            return None
+        http = httpx.AsyncClient(verify=agent_ssl_context(self.ca_file))
+        locate = node_address_locator(kube, self.port)
+        return CriuDriver(http, kube, locate=locate, token=token, tokens=tokens)
+
+
 __all__ = [
     "AGENT_PORT",
+    "AgentAccess",
     "ENGINE_CONTAINER",
     "METADATA_FILE",
     "AgentLocator",
@@ -887,4 +981,5 @@ __all__ = [
     "kill_process",
     "node_address_locator",
     "read_metadata",
+    "service_account_ref",
 ]
