@@ -159,7 +159,7 @@ def test_the_node_agent_killed_during_a_checkpoint(
     ]
     (tmp_path / "checkpoints").mkdir()
     agent = Process(agent_argv, tmp_path / "agent.log")
-    agent.wait_http(f"http://127.0.0.1:{port}/healthz")
+    agent.wait_http(f"https://127.0.0.1:{port}/healthz")
     try:
         scene = Scene(
             "node-agent-killed",
@@ -206,7 +206,7 @@ def test_the_node_agent_killed_during_a_checkpoint(
         # The agent comes back; the next checkpoint is tried, and refused for a reason
         # of this machine's (no GPU, no CRIU), with nothing left Running.
         agent = Process(agent_argv, tmp_path / "agent.log")
-        agent.wait_http(f"http://127.0.0.1:{port}/healthz")
+        agent.wait_http(f"https://127.0.0.1:{port}/healthz")
         scene.crs.create(
             {
                 "apiVersion": "sessionfleet.dev/v1alpha1",

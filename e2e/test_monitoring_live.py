@@ -223,6 +223,8 @@ def start_agent(cluster: LocalCluster, tmp_path: Path) -> tuple[str, Process]:
             f"--kubeconfig={cluster.kubeconfig}",
             "--interval=1",
             f"--storage-root={storage}",
+            # Telemetry alone on loopback: nobody to authenticate, nothing to encrypt.
+            "--plain-http",
         ],
         tmp_path / "agent.log",
     )
