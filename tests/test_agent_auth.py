@@ -23,6 +23,8 @@ from sessionfleet.agent.auth import (
     review_verdict,
 )
 from sessionfleet.checkpoint.agent_tokens import AgentTokens, node_audience
+from sessionfleet.checkpoint.criu import AgentAccess
+from sessionfleet.cli import build_parser
 from sessionfleet.kube import Kube, KubeConfig, KubeError
 
 OPERATOR = "system:serviceaccount:sessionfleet-system:sessionfleet-operator"
@@ -197,3 +199,26 @@ async def test_the_operator_requests_one_token_per_node_and_reuses_it(api: ApiSe
 async def test_an_answer_without_a_token_is_a_kube_error(api: ApiServer) -> None:
     with pytest.raises(KubeError, match="holds no token"):
         await AgentTokens(api.kube, "ns", "tokenless").for_node("gpu-1")
+
+
+@pytest.mark.parametrize("text", ["sf", "sf/", "/op", "SF/op", "sf/op/x", "sf/Op"])
+def test_the_operators_service_account_flag_is_checked(
+    text: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["operator", f"--agent-service-account={text}"])
+    assert "NAMESPACE/NAME" in capsys.readouterr().err
+
+
+async def test_how_the_operator_authenticates_to_the_agents(api: ApiServer, tmp_path: Any) -> None:
+    assert AgentAccess().driver(api.kube) is None, "no way to authenticate: no criu driver"
+    (tmp_path / "token").write_text("s3cret\n")
+    static = AgentAccess(token_file=str(tmp_path / "token")).driver(api.kube)
+    assert static is not None and static.token == "s3cret" and static.tokens is None
+    await static.http.aclose()
+    review = AgentAccess(service_account="sf/op", token_file=str(tmp_path / "token")).driver(
+        api.kube
+    )
+    assert review is not None and review.token is None and review.tokens is not None
+    assert review.tokens.path == "/api/v1/namespaces/sf/serviceaccounts/op/token"
+    await review.http.aclose()

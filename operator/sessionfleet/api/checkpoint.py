@@ -76,7 +76,10 @@ def destination_problem(destination: str | None, storage_path: str, namespace: s
     checkpoints, which a shared storage root (the node agent's, a ReadWriteMany claim)
     would otherwise let one namespace overwrite and another then restore. The models
     already made both paths absolute with no ``.``, ``..`` or ``//``, so the check is
-    lexical and exact; symlinks are resolved by the node agent (``confine``).
+    lexical and exact. The worker's ``storage.path`` is the namespace's own to set, so
+    this alone keeps nothing apart on a shared root: the node agent, which writes on
+    one, also requires ``<its root>/<namespace>/`` by whole components and follows no
+    link below its root (:mod:`sessionfleet.checkpoint.paths`).
     """
     if destination is None:
         return None
