@@ -226,6 +226,9 @@ def test_defaults_render_the_operator_router_and_crds_only() -> None:
         "RoleBinding",
         "Service",
         "ServiceAccount",
+        # The router's Lease creates, limited to its slots (leaseCreatePolicy).
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
     ]
     for obj in objects:
         labels = obj["metadata"]["labels"]
@@ -1529,3 +1532,35 @@ def test_the_operator_fences_engines_with_the_charts_peers() -> None:
     assert not [a for a in off_args if a.startswith("--engine-peers")]
     role = by_kind(off, "ClusterRole")["rel-sessionfleet-operator"]
     assert {v for g, r, v in rules(role) if r == "networkpolicies"} == {"list", "watch"}
+
+
+def test_the_lease_create_policy_admits_only_the_slots_of_each_account() -> None:
+    objects = render(*EPP_ON, "router.leaseSlots=12")
+    (policy,) = by_kind(objects, "ValidatingAdmissionPolicy").values()
+    (binding,) = by_kind(objects, "ValidatingAdmissionPolicyBinding").values()
+    assert binding["spec"] == {
+        "policyName": policy["metadata"]["name"],
+        "validationActions": ["Deny"],
+    }
+    spec = policy["spec"]
+    assert spec["failurePolicy"] == "Fail"
+    assert spec["matchConstraints"]["resourceRules"] == [
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "apiVersions": ["*"],
+            "operations": ["CREATE"],
+            "resources": ["leases"],
+        }
+    ]
+    router = "system:serviceaccount:sf:rel-sessionfleet-router"
+    epp = "system:serviceaccount:sf:rel-sessionfleet-epp"
+    (condition,) = spec["matchConditions"]
+    assert condition["expression"] == f"request.userInfo.username in ['{router}', '{epp}']"
+    router_rule, epp_rule = spec["validations"]
+    assert "startsWith('rel-sessionfleet-router-')" in router_rule["expression"]
+    assert "< 12)" in router_rule["expression"]
+    assert "startsWith('rel-sessionfleet-epp-')" in epp_rule["expression"]
+    assert "< 8)" in epp_rule["expression"]
+    # The real API server runs the CEL (e2e/test_chart.py); here: off means none.
+    off = render("leaseCreatePolicy.enabled=false")
+    assert not by_kind(off, "ValidatingAdmissionPolicy")

@@ -74,3 +74,17 @@ def test_peers_parse_from_the_flag() -> None:
 def test_bad_peers_are_refused_with_what_is_wrong(text: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         parse_peers(text)
+
+
+def test_the_operator_refuses_bad_peers_as_a_usage_error(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from sessionfleet.cli import build_parser
+
+    parsed = build_parser().parse_args(["operator", f"--engine-peers={json.dumps([ROUTERS])}"])
+    assert parsed.engine_peers == (ROUTERS,)
+    assert build_parser().parse_args(["operator"]).engine_peers == ()  # off by default
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser().parse_args(["operator", '--engine-peers=[{"podSelectr": {}}]'])
+    assert exit_info.value.code == 2
+    assert "is not a NetworkPolicyPeer" in capsys.readouterr().err
