@@ -19,6 +19,7 @@ operator and router processes run here with the ServiceAccounts' credentials.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -72,10 +73,13 @@ def release_name() -> str:
     return f"sf{secrets.token_hex(3)}"
 
 
-def kubectl_as(config: Path, *args: str, tools_kubectl: Path) -> subprocess.CompletedProcess[str]:
+def kubectl_as(
+    config: Path, *args: str, tools_kubectl: Path, input: str | None = None
+) -> subprocess.CompletedProcess[str]:
     """kubectl with another kubeconfig (a ServiceAccount's)."""
     return subprocess.run(
         [str(tools_kubectl), f"--kubeconfig={config}", *args],
+        input=input,
         capture_output=True,
         text=True,
         timeout=60,
@@ -121,6 +125,16 @@ def service_account_kubeconfig(
     path.write_text(yaml.safe_dump(config))
     path.chmod(0o600)
     return path
+
+
+GATEWAY_PEER = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "gateway"}}}
+"""The gateway's proxies, as networkPolicy.eppFrom names them."""
+
+
+def container_args(apps: Any, namespace: str, deployment: str) -> list[str]:
+    """The arguments of a chart Deployment's first container, as the API server holds them."""
+    body = apps.read_namespaced_deployment(deployment, namespace)
+    return list(body.spec.template.spec.containers[0].args)
 
 
 def can_i(kubectl: Kubectl, subject: str, *args: str) -> bool:
@@ -226,6 +240,9 @@ def test_notes_tell_what_to_do_next(cluster: LocalCluster, namespace: str) -> No
     assert "port-forward service/notes-sessionfleet-router" in notes
     assert "WARNING: agent.enabled is true" in notes
     assert "crds.keep is false" not in notes
+    assert "the operator fences each worker's engine port" in notes
+    assert "not Flannel alone" in notes
+    assert "deploy/admission/inferenceworker-pods.yaml" in notes
 
 
 def test_kustomize_manifests_are_the_charts_and_pass_a_dry_run(
@@ -473,7 +490,7 @@ def test_install_upgrade_uninstall_on_a_fresh_cluster(fresh_cluster: LocalCluste
 class RouterProcess:
     """``sessionfleet router`` on loopback with a kubeconfig of its own."""
 
-    def __init__(self, kubeconfig: Path, namespace: str, log_dir: Path) -> None:
+    def __init__(self, kubeconfig: Path, namespace: str, log_dir: Path, *extra: str) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_dir / "router.log"
@@ -486,6 +503,7 @@ class RouterProcess:
             f"--kubeconfig={kubeconfig}",
             "--replica=e2e-chart-router",
             "--flush-interval=0.5",
+            *extra,
         ]
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
@@ -539,6 +557,9 @@ def test_operator_and_router_run_with_the_charts_service_accounts(
         f"--namespace={namespace}",
         "--set=crds.enabled=false",  # the shared cluster's CRDs belong to every test
         f"--set=operator.watchNamespaces={{{namespace}}}",
+        # The Endpoint Picker too, for its Role; its gateway's peers it requires.
+        "--set=epp.enabled=true",
+        "--set-json=networkPolicy.eppFrom=" + json.dumps([GATEWAY_PEER]),
         kubeconfig=cluster.kubeconfig,
     )
     operator: OperatorProcess | None = None
@@ -637,8 +658,57 @@ def test_operator_and_router_run_with_the_charts_service_accounts(
         assert can_i(kubectl, as_operator, "create", "leases.coordination.k8s.io", ns)
         assert can_i(kubectl, as_operator, "patch", f"leases.coordination.k8s.io/{lease}", ns)
         assert not can_i(kubectl, as_operator, "patch", "leases.coordination.k8s.io/other", ns)
+
+        # The router and the Endpoint Picker reach their own slot Leases only: never the
+        # operator's, whose holder or duration they could otherwise rewrite (issue 29).
+        as_epp = f"system:serviceaccount:{namespace}:{release}-sessionfleet-epp"
+        for subject, component in ((as_router, "router"), (as_epp, "epp")):
+            slot = f"leases.coordination.k8s.io/{release}-sessionfleet-{component}-0"
+            for verb in ("patch", "update", "delete", "get"):
+                assert not can_i(
+                    kubectl, subject, verb, f"leases.coordination.k8s.io/{lease}", ns
+                ), (subject, verb)
+            assert not can_i(kubectl, subject, "list", "leases.coordination.k8s.io", ns)
+            assert can_i(kubectl, subject, "patch", slot, ns)
+            assert can_i(kubectl, subject, "get", slot, ns)
+            assert not can_i(kubectl, subject, "delete", slot, ns)
+        # RBAC cannot scope a create by name; the chart's admission policy does. Before
+        # the operator ever ran, the router cannot create the operator's Lease first.
+        epp_config = service_account_kubeconfig(
+            cluster, namespace, f"{release}-sessionfleet-epp", tmp_path / "epp.kubeconfig"
+        )
+
+        def create_lease(config: Path, name: str) -> subprocess.CompletedProcess[str]:
+            body = {
+                "apiVersion": "coordination.k8s.io/v1",
+                "kind": "Lease",
+                "metadata": {"name": name},
+                "spec": {"holderIdentity": "squatter", "leaseDurationSeconds": 3600},
+            }
+            return kubectl_as(
+                config, "create", "-f", "-", ns, tools_kubectl=tools_kubectl, input=json.dumps(body)
+            )
+
+        probes = itertools.count()
+        wait_until(
+            lambda: (
+                "ValidatingAdmissionPolicy"
+                in (create_lease(router_config, f"probe-{next(probes)}").stderr)
+            ),
+            timeout=30,
+            what="the chart's Lease admission policy in force",
+        )
+        for config, component in ((router_config, "router"), (epp_config, "epp")):
+            created = create_lease(config, lease)
+            assert created.returncode != 0, f"the {component} created the operator's Lease"
+            assert f"may create only its Lease slots {release}-sessionfleet-{component}-0" in (
+                created.stderr
+            ), created.stderr
+        operator_args = container_args(client.AppsV1Api(api), namespace, operator_sa)
+        engine_peers = [a for a in operator_args if a.startswith("--engine-peers=")]
+        assert len(engine_peers) == 1, operator_args
         operator = OperatorProcess(
-            operator_config, namespace, tmp_path, f"--leader-election-id={lease}"
+            operator_config, namespace, tmp_path, f"--leader-election-id={lease}", *engine_peers
         )
         operator.start()
         # The router picks its free port once the operator holds both of its own.
@@ -648,7 +718,11 @@ def test_operator_and_router_run_with_the_charts_service_accounts(
             timeout=30,
             what="the operator's /healthz",
         )
-        router = RouterProcess(router_config, namespace, tmp_path)
+        # The router runs with the chart's Lease slots, as its Deployment would.
+        router_args = container_args(apps, namespace, router_sa)
+        slot_args = [a for a in router_args if a.startswith(("--lease-prefix=", "--lease-slots="))]
+        assert len(slot_args) == 2, router_args
+        router = RouterProcess(router_config, namespace, tmp_path, *slot_args)
         crs = Custom(client.CustomObjectsApi(api), namespace)
 
         def fail(what: str) -> str:
@@ -676,12 +750,76 @@ def test_operator_and_router_run_with_the_charts_service_accounts(
         except AssertionError as error:
             raise AssertionError(fail(str(error))) from None
 
+        # The engine's fence: the operator (its token only) wrote the worker's
+        # NetworkPolicy with the chart's peers; one deleted by hand is put back.
+        networking = client.NetworkingV1Api(api)
+        peers = json.loads(engine_peers[0].split("=", 1)[1])
+        fence = wait_until(
+            lambda: networking.read_namespaced_network_policy("w-engine", namespace),
+            timeout=15,
+            what="the worker's engine NetworkPolicy",
+        )
+        fence_dict = api.sanitize_for_serialization(fence)
+        worker_uid = crs.get("inferenceworkers", "w")["metadata"]["uid"]
+        assert fence_dict["metadata"]["ownerReferences"][0]["uid"] == worker_uid
+        assert fence_dict["spec"]["podSelector"] == {
+            "matchLabels": {"sessionfleet.dev/worker": "w"}
+        }
+        assert fence_dict["spec"]["policyTypes"] == ["Ingress"]
+        (rule,) = fence_dict["spec"]["ingress"]
+        assert rule["ports"] == [{"port": 8000, "protocol": "TCP"}]
+        assert rule["from"] == peers
+        components = [
+            p.get("podSelector", {}).get("matchLabels", {}).get("app.kubernetes.io/component")
+            for p in rule["from"]
+        ]
+        assert components == ["operator", "router", None]  # then the gateway's peer
+        assert rule["from"][2] == GATEWAY_PEER
+        networking.delete_namespaced_network_policy("w-engine", namespace)
+        wait_until(
+            lambda: (
+                networking.read_namespaced_network_policy("w-engine", namespace).metadata.uid
+                != fence.metadata.uid
+            ),
+            timeout=30,
+            what="the deleted NetworkPolicy put back",
+        )
+
         # The router (its token only) records a session; the operator binds it.
         wait_until(
             lambda: httpx.get(f"{router.url}/readyz", timeout=2).status_code == 200,
             timeout=30,
             what="the router ready",
         )
+        # The router keeps its own Lease, a slot by name, holding it as itself.
+        coordination = client.CoordinationV1Api(api)
+        held = wait_until(
+            lambda: [
+                item
+                for item in coordination.list_namespaced_lease(namespace).items
+                if item.spec.holder_identity == "e2e-chart-router"
+            ],
+            timeout=15,
+            what="the router's Lease",
+        )
+        (slot_lease,) = held
+        assert re.fullmatch(rf"{release}-sessionfleet-router-[0-7]", slot_lease.metadata.name)
+        assert slot_lease.metadata.labels == {"sessionfleet.dev/component": "router"}
+        renewed = slot_lease.spec.renew_time
+        wait_until(
+            lambda: (
+                coordination.read_namespaced_lease(
+                    slot_lease.metadata.name, namespace
+                ).spec.renew_time
+                > renewed
+            ),
+            timeout=15,
+            what="the router's Lease renewed",
+        )
+        assert coordination.read_namespaced_lease(lease, namespace).spec.holder_identity != (
+            "squatter"
+        )
+
         answer = turn(router.url, "agent-1")
         assert answer.status_code == 200, fail(answer.text)
         assert answer.headers["X-Sessionfleet-Worker"] == "w"
@@ -791,6 +929,7 @@ def test_operator_and_router_run_with_the_charts_service_accounts(
             ("patch", "agentsessions/status"),
             ("patch", "drainpolicies/status"),
             ("delete", "agentsessions"),
+            ("apply", "networkpolicies"),
         ):
             assert f'resource="{resource}",verb="{verb}"' in writes, (verb, resource, writes)
         # kopf degrades quietly when a watch is forbidden (a warning, then no events);
@@ -802,6 +941,11 @@ def test_operator_and_router_run_with_the_charts_service_accounts(
             operator.log_tail()
         )
         assert not FORBIDDEN.search(router.log_path.read_text()), router.log_tail()
+        # A clean stop gives the slot back: no holder, no renewal, so no migration waits
+        # for the stopped replica and the next one may take the slot at once.
+        router.stop()
+        released = coordination.read_namespaced_lease(slot_lease.metadata.name, namespace)
+        assert released.spec.holder_identity is None and released.spec.renew_time is None
     finally:
         if router is not None:
             router.stop()

@@ -50,6 +50,10 @@ OPERATOR_NAMESPACED = {
     ("sessionfleet.dev", "workercheckpoints/status", "patch"),
     ("coordination.k8s.io", "leases", "list"),
     ("coordination.k8s.io", "leases", "watch"),
+    *(
+        ("networking.k8s.io", "networkpolicies", verb)
+        for verb in ("list", "watch", "create", "patch")
+    ),
 }
 OPERATOR_CLUSTER = {
     ("", "nodes", "list"),
@@ -65,11 +69,16 @@ ROUTER = {
         for verb in ("list", "watch", "get", "create", "patch", "delete")
     ),
     ("sessionfleet.dev", "agentsessions/status", "patch"),
-    *(("coordination.k8s.io", "leases", verb) for verb in ("create", "patch", "delete")),
+    # The slot Leases: create in a rule of its own; get and patch by name only
+    # (test_lease_rules_name_the_slots_and_nothing_else).
+    *(("coordination.k8s.io", "leases", verb) for verb in ("create", "get", "patch")),
 }
 # The Endpoint Picker's Role: the router's without `delete` on agentsessions (the EPP
 # never deletes the session of a first turn that got no answer).
 EPP = ROUTER - {("sessionfleet.dev", "agentsessions", "delete")}
+GATEWAY = {"namespaceSelector": {"matchLabels": {"role": "gateway"}}}
+EPP_ON = ("epp.enabled=true", "networkPolicy.eppFrom[0].namespaceSelector.matchLabels.role=gateway")
+"""The Endpoint Picker on, with the gateway's peers its NetworkPolicy requires."""
 EPP_SELECTOR = {
     "app.kubernetes.io/name": "sessionfleet",
     "app.kubernetes.io/instance": "rel",
@@ -86,7 +95,7 @@ ALL_FEATURES: dict[str, Any] = {
     "serviceMonitor": {"enabled": True},
     "grafana": {"dashboard": {"enabled": True}},
     "prometheusRule": {"enabled": True},
-    "networkPolicy": {"enabled": True},
+    "networkPolicy": {"enabled": True, "eppFrom": [GATEWAY]},
     "defaultDrainPolicy": {"enabled": True},
     "operator": {"watchNamespaces": ["team-a", "team-b"]},
 }
@@ -114,6 +123,24 @@ OPERATOR_SELECTOR = {
     "app.kubernetes.io/component": "operator",
 }
 SHARD_LABEL = "sessionfleet.dev/shard"
+
+
+def chart_peer(component: str, namespace: str = "sf") -> dict[str, Any]:
+    """The NetworkPolicyPeer of one of the release's components."""
+    return {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+        "podSelector": {
+            "matchLabels": {**OPERATOR_SELECTOR, "app.kubernetes.io/component": component}
+        },
+    }
+
+
+def engine_peers_arg(*components: str, extra: tuple[dict[str, Any], ...] = ()) -> str:
+    """The operator's --engine-peers flag as the chart writes it."""
+    peers = [chart_peer(c) for c in components] + list(extra)
+    return "--engine-peers=" + json.dumps(peers, separators=(",", ":"), sort_keys=True)
+
+
 # Two operator shards; the release namespace is one of the namespaces served.
 SHARDS: list[dict[str, Any]] = [
     {"name": "a", "namespaces": ["team-a", "team-b"]},
@@ -193,11 +220,15 @@ def test_defaults_render_the_operator_router_and_crds_only() -> None:
         "ClusterRoleBinding",
         "CustomResourceDefinition",
         "Deployment",
+        "NetworkPolicy",  # on by default: the operator's and the router's
         "PodDisruptionBudget",
         "Role",
         "RoleBinding",
         "Service",
         "ServiceAccount",
+        # The router's Lease creates, limited to its slots (leaseCreatePolicy).
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
     ]
     for obj in objects:
         labels = obj["metadata"]["labels"]
@@ -236,6 +267,7 @@ def test_operator_deployment_two_replicas_rolling_update_probes_and_flags() -> N
         "--session-writes=16",
         "--scrape-interval=15",
         f"--sim-image={IMAGE}",
+        engine_peers_arg("operator", "router"),
         *LEADER_ELECTION_ARGS,
     ]
     # POD_NAME is the replica's leader-election identity.
@@ -440,6 +472,7 @@ def test_operator_values_map_to_its_flags() -> None:
         "--scrape-interval=30",
         "--sim-image=registry.example.com/sim:1",
         "--vllm-image=registry.example.com/vllm:1",
+        engine_peers_arg("operator", "router"),
         *LEADER_ELECTION_ARGS,
         "--verbose",
         "--scrape-interval=5",
@@ -463,7 +496,10 @@ def test_the_cli_accepts_every_flag_the_chart_passes() -> None:
     # into the settings the EPP runs with.
     from sessionfleet.epp.cli import settings_from_args
 
-    epp = by_kind(render(values={"epp": EPP_EVERY_FLAG}), "Deployment")["rel-sessionfleet-epp"]
+    epp = by_kind(
+        render(values={"epp": EPP_EVERY_FLAG, "networkPolicy": {"eppFrom": [GATEWAY]}}),
+        "Deployment",
+    )["rel-sessionfleet-epp"]
     args = build_parser().parse_args(container(epp)["args"])
     assert args.command == "epp"
     assert (args.port, args.metrics_port, args.namespace) == (9003, 9091, "inference")
@@ -964,7 +1000,7 @@ def test_router_can_be_turned_off() -> None:
 
 
 def test_epp_deployment_service_probes_and_flags() -> None:
-    objects = render("epp.enabled=true")
+    objects = render(*EPP_ON)
     epp = by_kind(objects, "Deployment")["rel-sessionfleet-epp"]
     assert epp["metadata"]["namespace"] == "sf"
     spec = epp["spec"]
@@ -984,6 +1020,8 @@ def test_epp_deployment_service_probes_and_flags() -> None:
         "--port=9002",
         "--metrics-port=9090",
         "--namespace=sf",
+        "--lease-prefix=rel-sessionfleet-epp",
+        "--lease-slots=8",
         "--session-header=X-Session-Id",
         "--parent-header=X-Parent-Session-Id",
         "--final-header=X-Session-Final",
@@ -1032,7 +1070,7 @@ def test_epp_deployment_service_probes_and_flags() -> None:
 
 
 def test_epp_role_grants_exactly_what_the_epp_calls() -> None:
-    objects = render("epp.enabled=true")
+    objects = render(*EPP_ON)
     role = by_kind(objects, "Role")["rel-sessionfleet-epp"]
     assert rules(role) == EPP
     binding = by_kind(objects, "RoleBinding")["rel-sessionfleet-epp"]
@@ -1051,7 +1089,7 @@ def test_epp_lives_in_the_namespace_it_serves() -> None:
         (["router.namespace=team-a"], "team-a"),
         (["router.namespace=team-a", "epp.namespace=inference"], "inference"),
     ):
-        objects = render("epp.enabled=true", "serviceMonitor.enabled=true", *sets)
+        objects = render(*EPP_ON, "serviceMonitor.enabled=true", *sets)
         mine = [o for o in objects if o["metadata"]["name"] == "rel-sessionfleet-epp"]
         assert {o["kind"] for o in mine} == {
             "ServiceAccount",
@@ -1061,6 +1099,7 @@ def test_epp_lives_in_the_namespace_it_serves() -> None:
             "RoleBinding",
             "PodDisruptionBudget",
             "ServiceMonitor",
+            "NetworkPolicy",
         }
         assert {o["metadata"]["namespace"] for o in mine} == {namespace}
         epp = by_kind(objects, "Deployment")["rel-sessionfleet-epp"]
@@ -1072,29 +1111,29 @@ def test_epp_lives_in_the_namespace_it_serves() -> None:
 
 
 def test_epp_pod_disruption_budget_only_with_more_than_one_replica() -> None:
-    pdb = by_kind(render("epp.enabled=true"), "PodDisruptionBudget")["rel-sessionfleet-epp"]
+    pdb = by_kind(render(*EPP_ON), "PodDisruptionBudget")["rel-sessionfleet-epp"]
     assert pdb["spec"] == {
         "minAvailable": 1,
         "selector": {"matchLabels": EPP_SELECTOR},
         "unhealthyPodEvictionPolicy": "AlwaysAllow",
     }
-    three = render("epp.enabled=true", "epp.replicas=3", "epp.podDisruptionBudget.minAvailable=2")
+    three = render(*EPP_ON, "epp.replicas=3", "epp.podDisruptionBudget.minAvailable=2")
     assert (
         by_kind(three, "PodDisruptionBudget")["rel-sessionfleet-epp"]["spec"]["minAvailable"] == 2
     )
-    one = render("epp.enabled=true", "epp.replicas=1")
+    one = render(*EPP_ON, "epp.replicas=1")
     assert "rel-sessionfleet-epp" not in by_kind(one, "PodDisruptionBudget")
     assert by_kind(one, "Deployment")["rel-sessionfleet-epp"]["spec"]["replicas"] == 1
-    off = render("epp.enabled=true", "epp.podDisruptionBudget.enabled=false")
+    off = render(*EPP_ON, "epp.podDisruptionBudget.enabled=false")
     assert "rel-sessionfleet-epp" not in by_kind(off, "PodDisruptionBudget")
-    hang = template_text("epp.enabled=true", "epp.podDisruptionBudget.minAvailable=2", check=False)
+    hang = template_text(*EPP_ON, "epp.podDisruptionBudget.minAvailable=2", check=False)
     assert hang.returncode != 0
     assert "minAvailable (2) must be less than epp.replicas (2)" in hang.stderr
 
 
 def test_epp_without_metrics_port_has_no_metrics_port_or_monitor() -> None:
     objects = render(
-        "epp.enabled=true",
+        *EPP_ON,
         "epp.metricsPort=0",
         "serviceMonitor.enabled=true",
         "networkPolicy.enabled=true",
@@ -1106,7 +1145,9 @@ def test_epp_without_metrics_port_has_no_metrics_port_or_monitor() -> None:
     assert [p["name"] for p in service["spec"]["ports"]] == ["grpc"]
     assert "rel-sessionfleet-epp" not in by_kind(objects, "ServiceMonitor")
     policy = by_kind(objects, "NetworkPolicy")["rel-sessionfleet-epp"]
-    assert policy["spec"]["ingress"] == [{"ports": [{"port": "grpc", "protocol": "TCP"}]}]
+    assert policy["spec"]["ingress"] == [
+        {"ports": [{"port": "grpc", "protocol": "TCP"}], "from": [GATEWAY]}
+    ]
 
 
 def test_epp_scheduling_pod_metadata_and_service_account_follow_values() -> None:
@@ -1147,7 +1188,7 @@ def test_epp_scheduling_pod_metadata_and_service_account_follow_values() -> None
     assert binding["subjects"][0]["name"] == "gateway-epp"
     policy = by_kind(objects, "NetworkPolicy")["rel-sessionfleet-epp"]
     assert policy["spec"]["ingress"][0]["from"] == [peer]
-    missing = template_text("epp.enabled=true", "epp.serviceAccount.create=false", check=False)
+    missing = template_text(*EPP_ON, "epp.serviceAccount.create=false", check=False)
     assert missing.returncode != 0
     assert "epp.serviceAccount.name is required" in missing.stderr
 
@@ -1160,7 +1201,7 @@ def test_gateway_example_names_the_charts_epp_service() -> None:
         for doc in yaml.safe_load_all(example.read_text())
         if doc and doc["kind"] == "InferencePool"
     ]
-    objects = render("epp.enabled=true", release="sessionfleet", namespace="inference")
+    objects = render(*EPP_ON, release="sessionfleet", namespace="inference")
     service = by_kind(objects, "Service")[pool["spec"]["endpointPickerRef"]["name"]]
     # Applied with -n in the namespace the EPP serves, which holds its Service.
     assert "namespace" not in pool["metadata"]
@@ -1364,7 +1405,7 @@ def test_service_monitors_network_policies_and_default_drain_policy() -> None:
     epp_policy = policies["rel-sessionfleet-epp"]["spec"]
     assert epp_policy["podSelector"]["matchLabels"] == EPP_SELECTOR
     assert epp_policy["ingress"] == [
-        {"ports": [{"port": "grpc", "protocol": "TCP"}]},
+        {"ports": [{"port": "grpc", "protocol": "TCP"}], "from": [GATEWAY]},
         {"ports": [{"port": "metrics", "protocol": "TCP"}]},
     ]
 
@@ -1452,3 +1493,145 @@ def test_network_policy_peers_and_drain_policy_namespace_follow_values() -> None
     drain = by_kind(objects, "DrainPolicy")["platform"]
     assert drain["metadata"]["namespace"] == "inference"
     assert (drain["spec"]["mode"], drain["spec"]["deadline"]) == ("Wait", "13m")
+
+
+# --- Lease slots, engine fences, the Endpoint Picker's peers (issue 29) -----------------
+
+
+def lease_rules(role: dict[str, Any]) -> list[dict[str, Any]]:
+    return [r for r in role["rules"] if "leases" in r["resources"]]
+
+
+@pytest.mark.parametrize("component", ["router", "epp"])
+def test_lease_rules_name_the_slots_and_nothing_else(component: str) -> None:
+    objects = render(*EPP_ON)
+    name = f"rel-sessionfleet-{component}"
+    slots = [f"{name}-{index}" for index in range(8)]  # twice 2 replicas plus 2, at least 8
+    create, named = lease_rules(by_kind(objects, "Role")[name])
+    # RBAC cannot scope a create by name: a rule of its own, with nothing else in it.
+    assert create == {
+        "apiGroups": ["coordination.k8s.io"],
+        "resources": ["leases"],
+        "verbs": ["create"],
+    }
+    assert named["verbs"] == ["get", "patch"]  # no update, no delete, no list
+    assert named["resourceNames"] == slots
+    assert "rel-sessionfleet-operator" not in named["resourceNames"]
+    args = container(by_kind(objects, "Deployment")[name])["args"]
+    assert f"--lease-prefix={name}" in args and "--lease-slots=8" in args
+    from sessionfleet.cli import build_parser
+    from sessionfleet.router.cli import lease_slots_from_args
+
+    parsed = build_parser().parse_args(args)
+    assert lease_slots_from_args(parsed, component).names() == slots
+
+
+def test_lease_slots_follow_the_most_replicas() -> None:
+    def slots(*sets: str) -> list[str]:
+        role = by_kind(render(*sets), "Role")["rel-sessionfleet-router"]
+        return list(lease_rules(role)[1]["resourceNames"])
+
+    assert len(slots("router.replicas=6")) == 14
+    assert len(slots("router.autoscaling.enabled=true", "router.autoscaling.maxReplicas=20")) == 42
+    assert len(slots("router.leaseSlots=30")) == 30
+    too_few = template_text("router.replicas=4", "router.leaseSlots=4", check=False)
+    assert too_few.returncode != 0
+    assert "router.leaseSlots is 4 but up to 4 router replicas run" in too_few.stderr
+    epp = template_text(*EPP_ON, "epp.replicas=3", "epp.leaseSlots=2", check=False)
+    assert "epp.leaseSlots is 2 but up to 3 epp replicas run" in epp.stderr
+
+
+def test_the_endpoint_picker_needs_the_gateways_peers() -> None:
+    # On by default: no install leaves the unauthenticated gRPC port open to the cluster.
+    missing = template_text("epp.enabled=true", check=False)
+    assert missing.returncode != 0
+    assert "epp.enabled needs networkPolicy.eppFrom" in missing.stderr, missing.stderr
+    # Only the engines' fence on still needs them: the gateway reaches the engines.
+    fence_only = template_text("epp.enabled=true", "networkPolicy.enabled=false", check=False)
+    assert "epp.enabled needs networkPolicy.eppFrom" in fence_only.stderr
+    policy = by_kind(render(*EPP_ON), "NetworkPolicy")["rel-sessionfleet-epp"]
+    assert policy["spec"]["ingress"][0] == {
+        "ports": [{"port": "grpc", "protocol": "TCP"}],
+        "from": [GATEWAY],
+    }
+    # Whoever wants the port open says so, and then it is.
+    everyone = {"namespaceSelector": {}}
+    open_policy = by_kind(
+        render(values={"epp": {"enabled": True}, "networkPolicy": {"eppFrom": [everyone]}}),
+        "NetworkPolicy",
+    )["rel-sessionfleet-epp"]
+    assert open_policy["spec"]["ingress"][0]["from"] == [everyone]
+    both_off = render(
+        "epp.enabled=true", "networkPolicy.enabled=false", "networkPolicy.workers.enabled=false"
+    )
+    assert not by_kind(both_off, "NetworkPolicy")
+
+
+def test_the_operator_fences_engines_with_the_charts_peers() -> None:
+    scraper = {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}
+    objects = render(
+        *EPP_ON,
+        "agent.enabled=true",
+        values={"networkPolicy": {"eppFrom": [GATEWAY], "workers": {"extraFrom": [scraper]}}},
+    )
+    args = container(by_kind(objects, "Deployment")["rel-sessionfleet-operator"])["args"]
+    expected = engine_peers_arg("operator", "router", "agent", extra=(GATEWAY, scraper))
+    assert expected in args
+    from sessionfleet.cli import build_parser
+
+    parsed = build_parser().parse_args(args)
+    assert parsed.engine_peers == (
+        chart_peer("operator"),
+        chart_peer("router"),
+        chart_peer("agent"),
+        GATEWAY,
+        scraper,
+    )
+    # The operator's peer selects every shard's pods: no shard label in it.
+    sharded = render(values={"operator": {"shards": SHARDS}})
+    sharded_args = container(by_kind(sharded, "Deployment")["rel-sessionfleet-operator-a"])["args"]
+    assert engine_peers_arg("operator", "router") in sharded_args
+    for role in by_kind(sharded, "Role").values():
+        if (
+            role["metadata"]["name"].startswith("rel-sessionfleet-operator")
+            and "leader" not in role["metadata"]["name"]
+        ):
+            assert ("networking.k8s.io", "networkpolicies", "patch") in rules(role)
+    # Off: no flag, and the operator may only read NetworkPolicies (its index).
+    off = render("networkPolicy.workers.enabled=false")
+    off_args = container(by_kind(off, "Deployment")["rel-sessionfleet-operator"])["args"]
+    assert not [a for a in off_args if a.startswith("--engine-peers")]
+    role = by_kind(off, "ClusterRole")["rel-sessionfleet-operator"]
+    assert {v for g, r, v in rules(role) if r == "networkpolicies"} == {"list", "watch"}
+
+
+def test_the_lease_create_policy_admits_only_the_slots_of_each_account() -> None:
+    objects = render(*EPP_ON, "router.leaseSlots=12")
+    (policy,) = by_kind(objects, "ValidatingAdmissionPolicy").values()
+    (binding,) = by_kind(objects, "ValidatingAdmissionPolicyBinding").values()
+    assert binding["spec"] == {
+        "policyName": policy["metadata"]["name"],
+        "validationActions": ["Deny"],
+    }
+    spec = policy["spec"]
+    assert spec["failurePolicy"] == "Fail"
+    assert spec["matchConstraints"]["resourceRules"] == [
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "apiVersions": ["*"],
+            "operations": ["CREATE"],
+            "resources": ["leases"],
+        }
+    ]
+    router = "system:serviceaccount:sf:rel-sessionfleet-router"
+    epp = "system:serviceaccount:sf:rel-sessionfleet-epp"
+    (condition,) = spec["matchConditions"]
+    assert condition["expression"] == f"request.userInfo.username in ['{router}', '{epp}']"
+    router_rule, epp_rule = spec["validations"]
+    assert "startsWith('rel-sessionfleet-router-')" in router_rule["expression"]
+    assert "< 12)" in router_rule["expression"]
+    assert "startsWith('rel-sessionfleet-epp-')" in epp_rule["expression"]
+    assert "< 8)" in epp_rule["expression"]
+    # The real API server runs the CEL (e2e/test_chart.py); here: off means none.
+    off = render("leaseCreatePolicy.enabled=false")
+    assert not by_kind(off, "ValidatingAdmissionPolicy")

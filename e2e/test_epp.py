@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -348,13 +349,17 @@ async def test_the_epp_holds_a_session_while_it_migrates_and_while_its_worker_re
     create_pool(api, core, namespace, int(where["src"].rsplit(":", 1)[1]))
     name = session_object_name("agent")
     coordination = client.CoordinationV1Api(api)
-    # The EPP takes part in the turn-boundary handshake as a router replica does.
-    leases = lambda: {  # noqa: E731
-        lease.metadata.name: lease.metadata.labels
+    # The EPP takes part in the turn-boundary handshake as a router replica does: it
+    # holds one of its slot Leases (epp-0 … by default), as itself.
+    epp_leases = lambda: [  # noqa: E731
+        lease
         for lease in coordination.list_namespaced_lease(namespace).items
-    }
-    wait_until(lambda: f"router-{EPP_REPLICA}" in leases(), timeout=15, what="the EPP's Lease")
-    assert leases()[f"router-{EPP_REPLICA}"]["sessionfleet.dev/component"] == "router"
+        if lease.spec.holder_identity == EPP_REPLICA
+    ]
+    wait_until(epp_leases, timeout=15, what="the EPP's Lease")
+    (slot,) = epp_leases()
+    assert re.fullmatch(r"epp-[0-9]+", slot.metadata.name), slot.metadata.name
+    assert slot.metadata.labels["sessionfleet.dev/component"] == "router"
 
     async with grpc.aio.insecure_channel(f"127.0.0.1:{epp}") as channel:
         agent = Agent(Envoy(channel, timeout=30), "agent")

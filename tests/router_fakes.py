@@ -130,8 +130,12 @@ class FakeKube:
         namespace: str | None = None,
         *,
         status: bool = False,
+        resource_version: str | None = None,
         **_: Any,
     ) -> dict[str, Any]:
+        if resource_version is not None:
+            metadata = {**body.get("metadata", {}), "resourceVersion": str(resource_version)}
+            body = {**body, "metadata": metadata}
         if resource.plural != "leases":  # the replica's heartbeat is not a session write
             self.patches.append((name, copy.deepcopy(body), status))
         key = (resource.plural, name)

@@ -151,4 +151,13 @@ def test_kustomize_base_runs_the_operator_but_not_the_router() -> None:
     assert not any(name.endswith("-router") for _, name in kinds)
     component = DEPLOY / "kustomize" / "components" / "router" / "router.yaml"
     router = {doc["kind"] for doc in documents(component)}
-    assert router == {"ServiceAccount", "Deployment", "Service", "Role", "RoleBinding"}
+    # With the admission policy that limits the router's Lease creates to its slots.
+    assert router == {
+        "ServiceAccount",
+        "Deployment",
+        "Service",
+        "Role",
+        "RoleBinding",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    }

@@ -6,13 +6,21 @@ the other replicas (which read ``firstTurnAt`` back to order first turns).
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from sessionfleet.api import AgentSessionSpec, SessionClient
-from sessionfleet.resources.leases import lease_renewal, router_lease, router_lease_name
+from sessionfleet.resources.leases import (
+    LeaseSlots,
+    lease_release,
+    lease_renewal,
+    router_lease,
+    slot_claimable,
+)
 from sessionfleet.resources.sessions import acknowledgement_patch, agent_session, finished_patch
 from sessionfleet.resources.times import rfc3339
 from sessionfleet.resources.usage import UsageFigures, usage_status_patch
@@ -223,12 +231,10 @@ def test_session_patches() -> None:
 
 
 def test_router_lease_and_its_renewal() -> None:
-    assert router_lease_name("r1") == "router-r1"
-    assert len(router_lease_name("x" * 300)) == 253
-    assert router_lease("r1", duration_seconds=15, now=T0) == {
+    assert router_lease("router-3", "r1", duration_seconds=15, now=T0) == {
         "apiVersion": "coordination.k8s.io/v1",
         "kind": "Lease",
-        "metadata": {"name": "router-r1", "labels": {"sessionfleet.dev/component": "router"}},
+        "metadata": {"name": "router-3", "labels": {"sessionfleet.dev/component": "router"}},
         "spec": {
             "holderIdentity": "r1",
             "leaseDurationSeconds": 15,
@@ -239,3 +245,64 @@ def test_router_lease_and_its_renewal() -> None:
     assert lease_renewal("r1", now=T0 + 5) == {
         "spec": {"renewTime": "2027-01-15T08:00:05.250000Z", "holderIdentity": "r1"}
     }
+
+
+def test_lease_release_clears_the_holder_and_times() -> None:
+    assert lease_release() == {
+        "spec": {"holderIdentity": None, "acquireTime": None, "renewTime": None}
+    }
+
+
+# --- slot Leases ---------------------------------------------------------------------
+
+
+def test_slots_are_fixed_names_each_replica_tries_from_its_own_place() -> None:
+    slots = LeaseSlots("sf-router", 4)
+    assert slots.names() == ["sf-router-0", "sf-router-1", "sf-router-2", "sf-router-3"]
+    for replica in ("sf-router-7d9f-abcde", "sf-router-7d9f-vwxyz", "r1"):
+        order = slots.order_for(replica)
+        names = slots.names()
+        rotations = [names[i:] + names[:i] for i in range(len(names))]
+        assert order in rotations  # every slot, each once, from the replica's own place
+        assert order == slots.order_for(replica)  # the same place at every restart
+    starts = {LeaseSlots("p", 8).order_for(f"replica-{n}")[0] for n in range(40)}
+    assert len(starts) > 1, "replicas do not all start at slot 0"
+
+
+@given(st.text(min_size=1, max_size=60), st.integers(min_value=1, max_value=64))
+def test_every_replica_tries_every_slot_once(replica: str, count: int) -> None:
+    slots = LeaseSlots("router", count)
+    assert sorted(slots.order_for(replica)) == sorted(slots.names())
+
+
+def test_slots_refuse_what_could_not_be_named() -> None:
+    with pytest.raises(ValueError, match="at least one"):
+        LeaseSlots("router", 0)
+    with pytest.raises(ValueError, match="prefix"):
+        LeaseSlots("", 4)
+    with pytest.raises(ValueError, match="prefix"):
+        LeaseSlots("x" * 252, 10)
+
+
+def _slot(holder: str | None, renewed: float, duration: int = 15) -> dict[str, Any]:
+    spec: dict[str, Any] = {"leaseDurationSeconds": duration, "renewTime": rfc3339(renewed)}
+    if holder is not None:
+        spec["holderIdentity"] = holder
+    return {"metadata": {"name": "router-0"}, "spec": spec}
+
+
+@pytest.mark.parametrize(
+    ("body", "claimable"),
+    [
+        (_slot("r2", T0 - 5), False),  # held and renewed: another replica's
+        (_slot("r2", T0 - 16), True),  # not renewed within its 15 s: its holder stopped
+        (_slot("r2", T0 - 16, duration=60), False),  # a longer duration still runs
+        (_slot("r1", T0 - 5), True),  # our own, from before a restart
+        (_slot(None, T0 - 5), True),  # released
+        (_slot("", T0 - 5), True),
+        ({"metadata": {"name": "router-0"}, "spec": {"holderIdentity": "r2"}}, True),
+    ],
+)
+def test_which_slot_a_replica_may_take(body: dict[str, Any], claimable: bool) -> None:
+    now = datetime.fromtimestamp(T0, UTC)
+    assert slot_claimable(body, "r1", now) is claimable

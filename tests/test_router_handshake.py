@@ -1,4 +1,4 @@
-"""The router's half of the handshake: a Lease per replica, acknowledgements at turn boundaries."""
+"""The router's half of the handshake: a slot Lease per replica, acks at turn boundaries."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Any
 from router_fakes import FakeKube
 
 from sessionfleet.kube import LEASES
+from sessionfleet.resources.leases import LeaseSlots
 from sessionfleet.router.bindings import BindingTable
 from sessionfleet.router.handshake import ACKS_AT_ONCE, Acknowledger, LeaseKeeper
 
@@ -70,19 +71,102 @@ async def test_bound_sessions_and_old_acknowledgements() -> None:
     assert acknowledger.pending() == [("o", SINCE)]
 
 
-async def test_the_lease_is_created_renewed_and_released() -> None:
+SLOTS = LeaseSlots("sf-router", 3)
+
+
+def holders(kube: FakeKube) -> dict[str, str | None]:
+    return {
+        name: kube.obj(LEASES.plural, name)["spec"].get("holderIdentity")
+        for name in kube.names(LEASES.plural)
+    }
+
+
+async def test_a_replica_holds_one_named_slot_renews_and_releases_it() -> None:
     kube = FakeKube()
-    keeper = LeaseKeeper(kube, "ns", "r1")  # type: ignore[arg-type]
+    keeper = LeaseKeeper(kube, "ns", "r1", SLOTS)  # type: ignore[arg-type]
     await keeper.renew()
-    lease = kube.obj(LEASES.plural, "router-r1")
-    assert lease["spec"]["holderIdentity"] == "r1"
+    assert keeper.slot in SLOTS.names()
+    assert holders(kube) == {keeper.slot: "r1"}  # one Lease, named by the slot
+    lease = kube.obj(LEASES.plural, keeper.slot)
     assert lease["metadata"]["labels"] == {"sessionfleet.dev/component": "router"}
     first = lease["spec"]["renewTime"]
     await asyncio.sleep(0.01)
     await keeper.renew()
-    assert kube.obj(LEASES.plural, "router-r1")["spec"]["renewTime"] > first
+    assert kube.obj(LEASES.plural, keeper.slot)["spec"]["renewTime"] > first
+    assert len(kube.names(LEASES.plural)) == 1  # renewed in place, no second slot
+    slot = keeper.slot
     await keeper.release()
-    assert "router-r1" not in kube.names(LEASES.plural)
+    assert holders(kube) == {slot: None} and keeper.slot is None
+    # Released, the slot is free for the next replica at once.
+    other = LeaseKeeper(kube, "ns", "r2", LeaseSlots("sf-router", 1))  # type: ignore[arg-type]
+    await other.renew()
+    assert holders(kube) == {"sf-router-0": "r2"}
+
+
+async def test_replicas_take_different_slots_and_one_too_many_gets_none() -> None:
+    kube = FakeKube()
+    keepers = [LeaseKeeper(kube, "ns", f"r{n}", SLOTS) for n in range(4)]  # type: ignore[arg-type]
+    for keeper in keepers:
+        await keeper.renew()
+    held = [k.slot for k in keepers[:3]]
+    assert sorted(held) == SLOTS.names()  # type: ignore[type-var]
+    assert keepers[3].slot is None
+    assert sorted(h for h in holders(kube).values() if h) == ["r0", "r1", "r2"]
+    await keepers[0].release()
+    await keepers[3].renew()  # the next tick finds the freed slot
+    assert keepers[3].slot == held[0]
+
+
+async def test_an_expired_slot_is_taken_over_and_its_stalled_holder_moves_on() -> None:
+    kube = FakeKube()
+    two = LeaseSlots("sf-router", 2)
+    stalled = LeaseKeeper(kube, "ns", "r1", two)  # type: ignore[arg-type]
+    third = LeaseKeeper(kube, "ns", "r3", two)  # type: ignore[arg-type]
+    await stalled.renew()
+    await third.renew()
+    slot = stalled.slot
+    assert slot is not None and third.slot is not None
+    expired = kube.obj(LEASES.plural, slot)
+    expired["spec"]["renewTime"] = "2020-01-01T00:00:00.000000Z"
+    kube.put(LEASES.plural, expired)  # r1 stalled past its duration
+    taker = LeaseKeeper(kube, "ns", "r2", two)  # type: ignore[arg-type]
+    await taker.renew()
+    assert taker.slot == slot and holders(kube)[slot] == "r2"
+    # r1 wakes: its renewal, conditioned on its own last write, is refused; it does not
+    # overwrite r2, and finds no other free slot (r3 holds it).
+    await stalled.renew()
+    assert holders(kube) == {slot: "r2", third.slot: "r3"}
+    assert stalled.slot is None
+    # Its late release touches nothing of r2's.
+    stalled.slot = slot
+    await stalled.release()
+    assert holders(kube)[slot] == "r2"
+    # Once r3 stops, r1 takes the slot r3 gave up.
+    freed = third.slot
+    await third.release()
+    await stalled.renew()
+    assert stalled.slot == freed and holders(kube) == {slot: "r2", freed: "r1"}
+
+
+async def test_a_live_slot_of_another_replica_is_never_taken() -> None:
+    kube = FakeKube()
+    owner = LeaseKeeper(kube, "ns", "r1", LeaseSlots("sf-router", 1))  # type: ignore[arg-type]
+    await owner.renew()
+    other = LeaseKeeper(kube, "ns", "r2", LeaseSlots("sf-router", 1))  # type: ignore[arg-type]
+    await other.renew()
+    assert other.slot is None and holders(kube) == {"sf-router-0": "r1"}
+
+
+async def test_a_renewal_whose_answer_was_lost_keeps_the_slot() -> None:
+    kube = FakeKube()
+    keeper = LeaseKeeper(kube, "ns", "r1", SLOTS)  # type: ignore[arg-type]
+    await keeper.renew()
+    slot = keeper.slot
+    assert slot is not None
+    # Our renewal landed but its answer never came: the slot moved on under our name.
+    kube.put(LEASES.plural, kube.obj(LEASES.plural, slot))
+    await keeper.renew()
+    assert keeper.slot == slot and len(kube.names(LEASES.plural)) == 1
 
 
 def test_the_table_keeps_the_migrating_sessions_apart() -> None:

@@ -63,6 +63,7 @@ def test_the_handlers_watch_every_kind_the_fleet_reads() -> None:
         "pods",
         "nodes",
         "poddisruptionbudgets",
+        "networkpolicies",
         "leases",
     }
     assert WORKERS in kinds and PODS in kinds

@@ -42,6 +42,7 @@ mkdir -p "$OUT/base" "$OUT/components/router"
   header "the router"
   "$HELM" "${common[@]}" \
     --show-only templates/router/deployment.yaml \
-    --show-only templates/router/rbac.yaml
+    --show-only templates/router/rbac.yaml \
+    --show-only templates/lease-admission.yaml
 } > "$OUT/components/router/router.yaml"
 echo "wrote $OUT/base/sessionfleet.yaml and $OUT/components/router/router.yaml"

@@ -192,6 +192,83 @@ router's namespace (router.namespace, else the release namespace).
 {{- default (include "sessionfleet.routerNamespace" .) .Values.epp.namespace }}
 {{- end }}
 
+{{/*
+The slot Leases of the router's or the Endpoint Picker's replicas (router/handshake.py,
+LeaseKeeper): each replica holds one of `<fullname>-<component>-0` … `-<count-1>`, so
+that the component's Role can name them in resourceNames and never reaches another
+Lease of its namespace, the operator's leader Lease above all. Takes (dict "root" $
+"component" "router"|"epp"); renders {"prefix": …, "count": …} as JSON (read it with
+fromJson). The count is <component>.leaseSlots, or with 0 twice the most replicas
+(autoscaling.maxReplicas when the router autoscales) plus 2, and at least 8.
+*/}}
+{{- define "sessionfleet.leaseSlots" -}}
+{{- $values := get .root.Values .component }}
+{{- $most := int $values.replicas }}
+{{- if and (hasKey $values "autoscaling") $values.autoscaling.enabled }}
+{{- $most = max $most (int $values.autoscaling.maxReplicas) | int }}
+{{- end }}
+{{- $count := int $values.leaseSlots }}
+{{- if eq $count 0 }}
+{{- $count = max 8 (add (mul 2 $most) 2) | int }}
+{{- else if le $count $most }}
+{{- fail (printf "%s.leaseSlots is %d but up to %d %s replicas run, plus one more during a rolling update: each replica holds a Lease slot of its own, and one without a slot is not waited for when a session migrates. Raise %s.leaseSlots above %d, or set it to 0 for the default." .component $count $most .component .component $most) }}
+{{- end }}
+{{- toJson (dict "prefix" (printf "%s-%s" (include "sessionfleet.fullname" .root) .component) "count" $count) }}
+{{- end }}
+
+{{/*
+The Role rules of the router's or the Endpoint Picker's Lease slots. Takes the same
+dict as sessionfleet.leaseSlots.
+*/}}
+{{- define "sessionfleet.leaseSlotRules" -}}
+{{- $slots := include "sessionfleet.leaseSlots" . | fromJson }}
+# LeaseKeeper (router/handshake.py) holds one Lease of a fixed set of slots and renews
+# it, so the operator knows which replicas must acknowledge a migration. RBAC cannot
+# scope a create by name (the name is in the body, not the URL), so create is a rule of
+# its own; get and patch (re-read a slot, take an expired one over, renew, release)
+# reach the slots by name only, never the operator's leader Lease beside them.
+- apiGroups: [coordination.k8s.io]
+  resources: [leases]
+  verbs: [create]
+- apiGroups: [coordination.k8s.io]
+  resources: [leases]
+  verbs: [get, patch]
+  resourceNames:
+    {{- range $index := until (int $slots.count) }}
+    - {{ $slots.prefix }}-{{ $index }}
+    {{- end }}
+{{- end }}
+
+{{/* The flags that point a router or Endpoint Picker replica at its Lease slots. */}}
+{{- define "sessionfleet.leaseSlotArgs" -}}
+{{- $slots := include "sessionfleet.leaseSlots" . | fromJson }}
+- --lease-prefix={{ $slots.prefix }}
+- --lease-slots={{ int $slots.count }}
+{{- end }}
+
+{{/*
+Who may reach a worker's engine port: the operator keeps a NetworkPolicy per worker
+admitting only these (`--engine-peers`, controllers/workers.py). The operator (it
+scrapes and calls engines), the routers, the node agents, the gateway's proxies that
+call the Endpoint Picker (networkPolicy.eppFrom: they forward the turns to the engines)
+and networkPolicy.workers.extraFrom. A JSON list of NetworkPolicyPeer objects.
+*/}}
+{{- define "sessionfleet.enginePeers" -}}
+{{- $release := dict "matchLabels" (dict "kubernetes.io/metadata.name" .Release.Namespace) }}
+{{- $components := list "operator" }}
+{{- if .Values.router.enabled }}{{ $components = append $components "router" }}{{ end }}
+{{- if .Values.agent.enabled }}{{ $components = append $components "agent" }}{{ end }}
+{{- $peers := list }}
+{{- range $components }}
+{{- $selector := include "sessionfleet.selectorLabels" (dict "root" $ "component" .) | fromYaml }}
+{{- $peers = append $peers (dict "namespaceSelector" $release "podSelector" (dict "matchLabels" $selector)) }}
+{{- end }}
+{{- if .Values.epp.enabled }}
+{{- $peers = concat $peers .Values.networkPolicy.eppFrom }}
+{{- end }}
+{{- toJson (concat $peers .Values.networkPolicy.workers.extraFrom) }}
+{{- end }}
+
 {{/* The namespace of the default DrainPolicy. */}}
 {{- define "sessionfleet.drainPolicyNamespace" -}}
 {{- default (include "sessionfleet.routerNamespace" .) .Values.defaultDrainPolicy.namespace }}

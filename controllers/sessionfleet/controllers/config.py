@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import Any
 
 from sessionfleet.policy.checkpoint import DEFAULT_CHECKPOINT_TIMEOUT
 from sessionfleet.policy.handshake import DEFAULT_ACK_TIMEOUT
@@ -57,6 +58,9 @@ class OperatorConfig:
     metrics_port: int = 8080
     health_port: int = 8081
     images: EngineImages = field(default_factory=EngineImages)
+    engine_peers: tuple[dict[str, Any], ...] = ()
+    """Who may reach a worker's engine port (NetworkPolicyPeer objects): the operator
+    keeps a NetworkPolicy per worker that admits only them. Empty: no such policy."""
     stock_kopf_start: bool = False
     """Leave kopf's index readiness as kopf has it: quadratic in the watched objects
     (controllers/sessionfleet/controllers/kopfstart.py); for comparison, or if a kopf

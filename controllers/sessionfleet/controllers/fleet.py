@@ -150,6 +150,7 @@ class Fleet:
     workers: Store | None = None
     worker_pods: Store | None = None
     pdbs: Store | None = None
+    engine_policies: Store | None = None
     sessions: SessionCache = field(default_factory=SessionCache)
     """Every AgentSession, from the operator's own watch (:mod:`.sessionwatch`)."""
     session_sources: int = 1
@@ -263,6 +264,13 @@ class Fleet:
     def has_pdb(self, key: Key) -> bool:
         """Whether the worker's hold PodDisruptionBudget exists (as the index shows it)."""
         return bool(self.pdbs.get(key)) if self.pdbs is not None else False
+
+    def engine_policy_hash(self, key: Key) -> str | None:
+        """Return the spec hash of the worker's engine NetworkPolicy, as the index shows it."""
+        if self.engine_policies is None:
+            return None
+        hashes = list(self.engine_policies.get(key, ()))
+        return hashes[0] if hashes else None
 
     def pods_of(self, key: Key) -> list[PodState]:
         """Return the worker's pods, every epoch."""

@@ -28,7 +28,12 @@ from sessionfleet.controllers.served import RetryForever
 from sessionfleet.controllers.sessions import worker_brief
 from sessionfleet.policy.handshake import ROUTER_COMPONENT, ROUTER_COMPONENT_LABEL
 from sessionfleet.policy.observed import node_state, pod_state
-from sessionfleet.resources.labels import EPOCH_LABEL, KOPF_PREFIX, WORKER_LABEL
+from sessionfleet.resources.labels import (
+    EPOCH_LABEL,
+    KOPF_PREFIX,
+    SPEC_HASH_ANNOTATION,
+    WORKER_LABEL,
+)
 from sessionfleet.supervise import Supervisor
 
 log = logging.getLogger(__name__)
@@ -54,6 +59,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
     settings.watching.client_timeout = 330
     settings.watching.label_selectors["pods"] = WORKER_LABEL
     settings.watching.label_selectors["poddisruptionbudgets"] = WORKER_LABEL
+    settings.watching.label_selectors["networkpolicies"] = WORKER_LABEL
     settings.execution.max_workers = 8
     # Kopf keeps an object's worker for idle_timeout (5 s) after its last event, so a
     # limit below the number of objects changing at once caps throughput at about
@@ -66,6 +72,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
     fleet.workers = kwargs["worker_index"]
     fleet.worker_pods = kwargs["pod_index"]
     fleet.pdbs = kwargs["pdb_index"]
+    fleet.engine_policies = kwargs["engine_policy_index"]
     fleet.nodes = kwargs["node_index"]
     fleet.policies = kwargs["policy_index"]
     fleet.checkpoints = kwargs["checkpoint_index"]
@@ -125,6 +132,15 @@ async def pdb_index(
 ) -> dict[Any, Any]:
     """Index the drain holds' PodDisruptionBudgets by (namespace, worker)."""
     return {(namespace, labels[WORKER_LABEL]): body["metadata"]["name"]}
+
+
+@kopf.index("networking.k8s.io", "v1", "networkpolicies", labels={WORKER_LABEL: kopf.PRESENT})
+async def engine_policy_index(
+    body: kopf.Body, namespace: str | None, labels: kopf.Labels, **_: Any
+) -> dict[Any, Any]:
+    """Index the engine fences' NetworkPolicies by (namespace, worker): their spec hash."""
+    annotations = body["metadata"].get("annotations") or {}
+    return {(namespace, labels[WORKER_LABEL]): annotations.get(SPEC_HASH_ANNOTATION, "")}
 
 
 @kopf.index("", "v1", "nodes")
@@ -210,6 +226,14 @@ async def pod_event(memo: kopf.Memo, namespace: str | None, labels: kopf.Labels,
 @kopf.on.event("policy", "v1", "poddisruptionbudgets", labels={WORKER_LABEL: kopf.PRESENT})
 async def pdb_event(memo: kopf.Memo, namespace: str | None, labels: kopf.Labels, **_: Any) -> None:
     """Mark the hold's worker (a hold someone else deleted is put back)."""
+    _wake(memo).work.worker((namespace or "", labels[WORKER_LABEL]))
+
+
+@kopf.on.event("networking.k8s.io", "v1", "networkpolicies", labels={WORKER_LABEL: kopf.PRESENT})
+async def engine_policy_event(
+    memo: kopf.Memo, namespace: str | None, labels: kopf.Labels, **_: Any
+) -> None:
+    """Mark the fence's worker (a policy deleted or changed by hand is put back)."""
     _wake(memo).work.worker((namespace or "", labels[WORKER_LABEL]))
 
 

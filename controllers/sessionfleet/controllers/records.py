@@ -26,6 +26,7 @@ from sessionfleet.api.drainpolicy import DrainPolicy
 from sessionfleet.policy.checkpoint import CheckpointState
 from sessionfleet.policy.handshake import RouterLease, acks_of
 from sessionfleet.policy.sessions import SessionState
+from sessionfleet.resources.leases import lease_state
 
 Key = tuple[str, str]
 
@@ -201,10 +202,4 @@ def checkpoint_record(body: Mapping[str, Any]) -> CheckpointState | None:
 
 def lease_record(body: Mapping[str, Any]) -> RouterLease:
     """Reduce a router replica's coordination.k8s.io Lease to what the handshake needs."""
-    spec = body.get("spec") or {}
-    renewed = spec.get("renewTime") or spec.get("acquireTime")
-    return RouterLease(
-        holder=str(spec.get("holderIdentity") or (body.get("metadata") or {}).get("name", "")),
-        renewed_at=datetime.fromisoformat(str(renewed).replace("Z", "+00:00")) if renewed else None,
-        duration_seconds=int(spec.get("leaseDurationSeconds") or 15),
-    )
+    return lease_state(body)

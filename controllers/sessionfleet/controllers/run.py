@@ -18,6 +18,7 @@ from sessionfleet.cliargs import fraction, non_negative_float, positive_float, p
 from sessionfleet.controllers.config import OperatorConfig
 from sessionfleet.leader import DEFAULT_LEASE_NAME
 from sessionfleet.policy.leadership import ElectionTiming
+from sessionfleet.resources.networkpolicies import parse_peers
 from sessionfleet.resources.pods import EngineImages
 from sessionfleet.supervise import EXIT_TASK_FAILED, Supervisor
 
@@ -215,6 +216,14 @@ def add_parser(commands: Any) -> None:
     parser.add_argument("--vllm-image", default=DEFAULTS.images.vllm)
     parser.add_argument("--sim-image", default=DEFAULTS.images.sim)
     parser.add_argument(
+        "--engine-peers",
+        type=_engine_peers,
+        default=DEFAULTS.engine_peers,
+        help="a JSON list of NetworkPolicyPeer objects (the routers, the gateway, this "
+        "operator, the node agent): every worker gets a NetworkPolicy admitting only them "
+        "to its engine port (default: none, no policy)",
+    )
+    parser.add_argument(
         "--stock-kopf-start",
         action="store_true",
         help="leave kopf's start as it is: its wait for the indexes costs time quadratic in "
@@ -223,6 +232,13 @@ def add_parser(commands: Any) -> None:
     parser.add_argument("--verbose", "-v", action="store_true", help="log debug messages")
     # Checks across flags need the parser to report them as usage errors (status 2).
     parser.set_defaults(func=_run, parser_error=parser.error)
+
+
+def _engine_peers(text: str) -> tuple[dict[str, Any], ...]:
+    try:
+        return parse_peers(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,6 +289,7 @@ def _run(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port,
         health_port=args.health_port,
         images=EngineImages(vllm=args.vllm_image, sim=args.sim_image),
+        engine_peers=args.engine_peers,
         stock_kopf_start=args.stock_kopf_start,
     )
     logging.basicConfig(

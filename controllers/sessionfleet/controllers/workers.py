@@ -36,7 +36,15 @@ from sessionfleet.controllers.fleet import EngineStats, Fleet
 from sessionfleet.controllers.records import Key, WorkerRecord
 from sessionfleet.controllers.sessions import migrate_sessions
 from sessionfleet.controllers.status import status_patch
-from sessionfleet.kube import PDBS, PODS, WORKERS, Conflict, KubeError, NotFound
+from sessionfleet.kube import (
+    NETWORK_POLICIES,
+    PDBS,
+    PODS,
+    WORKERS,
+    Conflict,
+    KubeError,
+    NotFound,
+)
 from sessionfleet.policy.checkpoint import latest_usable
 from sessionfleet.policy.drain import PinnedSession, resolve_policy
 from sessionfleet.policy.events import EventType, Notice, merged, worker_notices
@@ -47,6 +55,8 @@ from sessionfleet.policy.worker import (
     plan_worker,
     settled,
 )
+from sessionfleet.resources.labels import SPEC_HASH_ANNOTATION
+from sessionfleet.resources.networkpolicies import build_engine_policy
 from sessionfleet.resources.pods import build_pdb, build_pod, hold_annotations
 from sessionfleet.resources.status import (
     invalid_worker_status,
@@ -297,6 +307,8 @@ async def reconcile_worker(fleet: Fleet, record: WorkerRecord, now: datetime) ->
     if plan.drain_done and record.status.phase is WorkerPhase.DRAINING and started:
         metrics.DRAIN_DURATION.observe((now - started).total_seconds())
 
+    # The engine's fence goes up before the first pod, so no pod is ever open.
+    await _apply_engine_policy(fleet, record, worker)
     if plan.create_pod:
         await _create_pod(fleet, record, worker, plan.epoch)
     for name in plan.delete_pods:
@@ -445,6 +457,30 @@ def _needs_write(fleet: Fleet, what: str, key: Key, settled: bool, worker: Key) 
         return True
     fleet.work.retry(WORKERS.plural, worker, written + HOLD_WRITE_PATIENCE_SECONDS)
     return False
+
+
+async def _apply_engine_policy(fleet: Fleet, record: WorkerRecord, worker: InferenceWorker) -> None:
+    """Keep the worker's engine NetworkPolicy as configured (``--engine-peers``).
+
+    Server-side apply creates it or puts back what someone changed; the index's spec
+    hash says when nothing needs writing. With no peers configured nothing is written
+    (and a policy left from before stays, owned by the worker, until it is deleted).
+    """
+    peers = fleet.config.engine_peers
+    if not peers:
+        return
+    wanted = build_engine_policy(worker, peers)
+    current = fleet.engine_policy_hash(record.key)
+    settled = current == wanted["metadata"]["annotations"][SPEC_HASH_ANNOTATION]
+    if not _needs_write(fleet, "networkpolicy", record.key, settled=settled, worker=record.key):
+        return
+    name = wanted["metadata"]["name"]
+    try:
+        await fleet.kube.patch(NETWORK_POLICIES, name, wanted, record.namespace, patch_type="apply")
+        metrics.API_WRITES.labels("apply", "networkpolicies").inc()
+    except KubeError as error:
+        log.warning("cannot write NetworkPolicy %s/%s: %s", record.namespace, name, error)
+    fleet.hold_writes[("networkpolicy", record.key)] = time.monotonic()
 
 
 async def _apply_holds(

@@ -9,7 +9,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from sessionfleet.cliargs import non_negative_float, positive_float, positive_int
-from sessionfleet.router.cli import add_fleet_arguments, default_namespace
+from sessionfleet.router.cli import add_fleet_arguments, default_namespace, lease_slots_from_args
 
 if TYPE_CHECKING:
     from sessionfleet.epp.server import EppSettings
@@ -103,6 +103,7 @@ def settings_from_args(args: argparse.Namespace) -> EppSettings:
     return EppSettings(
         namespace=args.namespace or default_namespace(),
         replica=args.replica or os.environ.get("POD_NAME") or socket.gethostname(),
+        lease_slots=lease_slots_from_args(args, "epp"),
         picker=PickerConfig(
             headers=HeaderConfig(args.session_header, args.parent_header, args.final_header),
             fallbacks=args.fallbacks,

@@ -35,6 +35,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from sessionfleet.epp.picker import EndpointPicker, NewSession, PickerConfig, Route
 from sessionfleet.epp.protocol import Exchange, ExchangeSettings, TurnOutcome
 from sessionfleet.kube import Kube
+from sessionfleet.resources.leases import LeaseSlots
 from sessionfleet.router.bindings import BindingTable
 from sessionfleet.router.errors import RouterError
 from sessionfleet.router.handshake import Acknowledger, LeaseKeeper
@@ -57,6 +58,8 @@ class EppSettings:
 
     namespace: str = "default"
     replica: str = "epp"
+    lease_slots: LeaseSlots = LeaseSlots("epp")
+    """The slot Leases this replica holds one of (the handshake's liveness)."""
     picker: PickerConfig = field(default_factory=PickerConfig)
     exchange: ExchangeSettings = field(default_factory=ExchangeSettings)
     hold_timeout: float = 0.0
@@ -253,7 +256,7 @@ async def serve(kube: Kube, settings: EppSettings, host: str, port: int, metrics
     # The turn-boundary handshake, as a router replica takes part in it: a live Lease
     # makes the operator wait for this replica's acknowledgement before it moves a
     # session, and the acknowledgement is written once no turn of it is in flight here.
-    lease = LeaseKeeper(kube, settings.namespace, settings.replica)
+    lease = LeaseKeeper(kube, settings.namespace, settings.replica, settings.lease_slots)
     acknowledger = Acknowledger(
         kube,
         settings.namespace,

@@ -32,6 +32,7 @@ CORE_EVENTS = Resource("", "v1", "events")
 """The same events in their older core/v1 shape (``involvedObject``, ``message``)."""
 LEASES = Resource("coordination.k8s.io", "v1", "leases")
 PDBS = Resource("policy", "v1", "poddisruptionbudgets")
+NETWORK_POLICIES = Resource("networking.k8s.io", "v1", "networkpolicies")
 
 
 def _custom(kind: str) -> Resource:

@@ -27,3 +27,7 @@ CA_SAFE_TO_EVICT = "cluster-autoscaler.kubernetes.io/safe-to-evict"
 
 KOPF_PREFIX = "kopf.sessionfleet.dev"
 """The prefix of any annotation kopf itself would write (progress, diff base)."""
+
+SPEC_HASH_ANNOTATION = "sessionfleet.dev/spec-hash"
+"""On an object the operator keeps in a wanted shape (a worker's engine NetworkPolicy):
+a digest of that shape, so its index tells at a glance whether it must be written."""

@@ -1,9 +1,13 @@
 """coordination.k8s.io Leases: pure builders.
 
-Each router replica holds a Lease ``router-<replica>`` and renews it, so the operator
-knows which replicas are alive and must acknowledge a migration (see
-:mod:`sessionfleet.policy.handshake`). The operator replicas elect their leader on
-one Lease (see :mod:`sessionfleet.policy.leadership`).
+Each router (or Endpoint Picker) replica holds one Lease of a fixed set of *slots*,
+``<prefix>-0`` … ``<prefix>-<count-1>``, with its own name as ``holderIdentity``, and
+renews it, so the operator knows which replicas are alive and must acknowledge a
+migration (see :mod:`sessionfleet.policy.handshake`, keyed on the holder). The names
+are fixed so that the replicas' Role can list them in ``resourceNames``: a Lease per
+replica (``router-<pod name>``) would need write rights on every Lease of the
+namespace, the operator's leader Lease included. The operator replicas elect their
+leader on one Lease (see :mod:`sessionfleet.policy.leadership`).
 
 The project has no pydantic model of a Lease: it is a core Kubernetes kind, not one of
 ours, and nothing validates or generates a schema from it here. Its keys are therefore
@@ -13,9 +17,13 @@ the router only calls these functions.
 
 from __future__ import annotations
 
+import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Final
 
-from sessionfleet.policy.handshake import ROUTER_COMPONENT, ROUTER_COMPONENT_LABEL
+from sessionfleet.policy.handshake import ROUTER_COMPONENT, ROUTER_COMPONENT_LABEL, RouterLease
 from sessionfleet.policy.leadership import LeaseRecord, transitions_after
 from sessionfleet.resources.times import rfc3339
 
@@ -23,14 +31,68 @@ LEASE_API_VERSION: Final = "coordination.k8s.io/v1"
 MAX_NAME_LENGTH: Final = 253
 
 
-def router_lease_name(replica: str) -> str:
-    """Return the name of a router replica's Lease."""
-    return f"router-{replica}"[:MAX_NAME_LENGTH]
+DEFAULT_SLOTS: Final = 32
+"""Slots when none are configured: twice the chart's default autoscaling maximum (10),
+plus room for a rolling update's surge and replicas killed without releasing theirs."""
 
 
-def router_lease(replica: str, *, duration_seconds: int, now: float) -> dict[str, Any]:
-    """Return the Lease a router replica creates, acquired and renewed at Unix time ``now``.
+@dataclass(frozen=True, slots=True)
+class LeaseSlots:
+    """The fixed set of Lease names the replicas of one component share."""
 
+    prefix: str
+    count: int = DEFAULT_SLOTS
+
+    def __post_init__(self) -> None:
+        if self.count < 1:
+            raise ValueError("a replica needs at least one Lease slot")
+        longest = len(f"{self.prefix}-{self.count - 1}")
+        if not self.prefix or longest > MAX_NAME_LENGTH:
+            raise ValueError(f"Lease slot prefix {self.prefix!r} makes names of {longest} chars")
+
+    def names(self) -> list[str]:
+        """Return every slot's Lease name, in order: what the Role's resourceNames list."""
+        return [f"{self.prefix}-{index}" for index in range(self.count)]
+
+    def order_for(self, replica: str) -> list[str]:
+        """Return the slots in the order ``replica`` tries them.
+
+        Each replica starts at its own place (a hash of its name), so replicas that
+        start together do not all race for slot 0 and then for slot 1.
+        """
+        names = self.names()
+        start = zlib.crc32(replica.encode()) % self.count
+        return names[start:] + names[:start]
+
+
+def lease_state(body: Mapping[str, Any]) -> RouterLease:
+    """Reduce a replica's Lease to its holder, last renewal and duration."""
+    spec = body.get("spec") or {}
+    renewed = spec.get("renewTime") or spec.get("acquireTime")
+    return RouterLease(
+        holder=str(spec.get("holderIdentity") or (body.get("metadata") or {}).get("name", "")),
+        renewed_at=datetime.fromisoformat(str(renewed).replace("Z", "+00:00")) if renewed else None,
+        duration_seconds=int(spec.get("leaseDurationSeconds") or 15),
+    )
+
+
+def slot_claimable(body: Mapping[str, Any], replica: str, now: datetime) -> bool:
+    """Whether ``replica`` may take the slot Lease ``body`` over.
+
+    Its own (a restart under the same name), or one whose holder has not renewed it
+    within its duration: a replica that stopped without releasing it. A Lease with no
+    holder at all (``holderIdentity`` cleared) is free too.
+    """
+    if not (body.get("spec") or {}).get("holderIdentity"):
+        return True
+    state = lease_state(body)
+    return state.holder == replica or not state.live(now)
+
+
+def router_lease(name: str, replica: str, *, duration_seconds: int, now: float) -> dict[str, Any]:
+    """Return the slot Lease ``name`` as ``replica`` holds it from Unix time ``now``.
+
+    The body of a create, and of the merge patch that takes an expired slot over.
     Times are ``metav1.MicroTime``: RFC 3339 with microseconds.
     """
     stamp = rfc3339(now, micros=True)
@@ -38,7 +100,7 @@ def router_lease(replica: str, *, duration_seconds: int, now: float) -> dict[str
         "apiVersion": LEASE_API_VERSION,
         "kind": "Lease",
         "metadata": {
-            "name": router_lease_name(replica),
+            "name": name,
             "labels": {ROUTER_COMPONENT_LABEL: ROUTER_COMPONENT},
         },
         "spec": {
@@ -53,6 +115,15 @@ def router_lease(replica: str, *, duration_seconds: int, now: float) -> dict[str
 def lease_renewal(replica: str, *, now: float) -> dict[str, Any]:
     """Return the merge patch that renews a replica's Lease at Unix time ``now``."""
     return {"spec": {"renewTime": rfc3339(now, micros=True), "holderIdentity": replica}}
+
+
+def lease_release() -> dict[str, Any]:
+    """Return the merge patch by which a replica gives its slot up at a clean shutdown.
+
+    No holder and no times: the operator counts the replica gone at once (a Lease never
+    renewed is not live) and any replica may claim the slot.
+    """
+    return {"spec": {"holderIdentity": None, "acquireTime": None, "renewTime": None}}
 
 
 def leader_lease(name: str, identity: str, *, duration_seconds: int, now: float) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sessionfleet.cliargs import non_negative_float, positive_float, positive_int
+from sessionfleet.resources.leases import DEFAULT_SLOTS, LeaseSlots
 from sessionfleet.router.limits import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_INFLIGHT_BODY_BYTES
 
 if TYPE_CHECKING:
@@ -52,6 +53,19 @@ def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
         "--replica",
         default=None,
         help="this replica's name, recorded on sessions it creates (default: $POD_NAME or host)",
+    )
+    parser.add_argument(
+        "--lease-prefix",
+        default=None,
+        help="the replicas hold the Leases <prefix>-0 … <prefix>-<slots-1>, one each, so "
+        "that their Role can name them (default: router, or epp)",
+    )
+    parser.add_argument(
+        "--lease-slots",
+        type=positive_int,
+        default=DEFAULT_SLOTS,
+        help=f"how many such Leases; more than the replicas ever running at once "
+        f"(default: {DEFAULT_SLOTS})",
     )
     headers = parser.add_argument_group("session headers")
     headers.add_argument(
@@ -201,6 +215,11 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     return parser
 
 
+def lease_slots_from_args(args: argparse.Namespace, default_prefix: str) -> LeaseSlots:
+    """Return the slot Leases the replica picks its own from."""
+    return LeaseSlots(args.lease_prefix or default_prefix, args.lease_slots)
+
+
 def settings_from_args(args: argparse.Namespace) -> RouterSettings:
     """Return the router's settings from the parsed flags."""
     from sessionfleet.router.admission import SessionRates
@@ -212,6 +231,7 @@ def settings_from_args(args: argparse.Namespace) -> RouterSettings:
     return RouterSettings(
         namespace=args.namespace or default_namespace(),
         replica=args.replica or os.environ.get("POD_NAME") or socket.gethostname(),
+        lease_slots=lease_slots_from_args(args, "router"),
         config=RouterConfig(
             headers=HeaderConfig(args.session_header, args.parent_header, args.final_header),
             hold_timeout=args.hold_timeout,

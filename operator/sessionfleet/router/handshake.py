@@ -1,7 +1,9 @@
 """The router's half of the turn-boundary handshake (see :mod:`sessionfleet.policy.handshake`).
 
-* :class:`LeaseKeeper` keeps this replica's Lease fresh, so the operator knows which
-  replicas are alive and must acknowledge a migration;
+* :class:`LeaseKeeper` holds one of a fixed set of slot Leases for this replica and
+  keeps it fresh, so the operator knows which replicas are alive and must acknowledge a
+  migration (the slots' names are fixed so that RBAC can scope the replica's rights to
+  them, see :mod:`sessionfleet.resources.leases`);
 * :class:`Acknowledger` watches the binding table: for every Migrating session that
   has no turn in flight through this replica, it writes the acknowledgement
   ``ack.sessionfleet.dev/<replica>: <migratingSince>``. The proxy holds the session's
@@ -15,11 +17,18 @@ import asyncio
 import logging
 import time
 from collections import Counter
+from datetime import UTC, datetime
 from typing import Any, Final
 
 from sessionfleet.kube import LEASES, SESSIONS, Conflict, Kube, KubeError, NotFound
 from sessionfleet.policy.handshake import ACK_PREFIX
-from sessionfleet.resources.leases import lease_renewal, router_lease, router_lease_name
+from sessionfleet.resources.leases import (
+    LeaseSlots,
+    lease_release,
+    lease_renewal,
+    router_lease,
+    slot_claimable,
+)
 from sessionfleet.resources.sessions import acknowledgement_patch
 from sessionfleet.router.bindings import BindingTable
 
@@ -32,28 +41,97 @@ ACKS_AT_ONCE: Final = 16
 
 
 class LeaseKeeper:
-    """Creates and renews ``router-<replica>``; deletes it on a clean shutdown."""
+    """Holds one slot Lease of ``slots`` for this replica; releases it on a clean shutdown.
 
-    def __init__(self, kube: Kube, namespace: str, replica: str) -> None:
+    The replica claims a slot by creating it, or by taking over one whose holder let it
+    expire (a merge patch conditioned on the resourceVersion it read, so two replicas
+    never both win it); it renews the slot with the resourceVersion of its own last
+    write, so a replica that stalled past its Lease's duration finds the slot taken
+    (409) and claims another instead of overwriting the new holder.
+    """
+
+    def __init__(self, kube: Kube, namespace: str, replica: str, slots: LeaseSlots) -> None:
         self.kube = kube
         self.namespace = namespace
         self.replica = replica
-        self.name = router_lease_name(replica)
+        self.slots = slots
+        self.slot: str | None = None
+        """The Lease this replica holds; None while it holds none."""
+        self._version: str | None = None
 
-    def _body(self) -> dict[str, Any]:
-        return router_lease(self.replica, duration_seconds=LEASE_DURATION_SECONDS, now=time.time())
+    def _body(self, name: str) -> dict[str, Any]:
+        return router_lease(
+            name, self.replica, duration_seconds=LEASE_DURATION_SECONDS, now=time.time()
+        )
+
+    def _hold(self, name: str, written: dict[str, Any]) -> None:
+        self.slot = name
+        self._version = str((written.get("metadata") or {}).get("resourceVersion") or "") or None
 
     async def renew(self) -> None:
-        """Create the Lease, or move its renewTime forward."""
+        """Renew the slot held, or claim one."""
+        if self.slot is not None and await self._renew_held(self.slot):
+            return
+        if self.slot is not None:
+            logger.warning("lease slot %s was taken over; claiming another", self.slot)
+            self.slot = None
+        if await self._claim() is None:
+            logger.error(
+                "no free Lease among the %d slots %s-*: the operator does not wait for "
+                "this replica's acknowledgements until one is free (raise the slots)",
+                self.slots.count,
+                self.slots.prefix,
+            )
+
+    async def _renew_held(self, name: str) -> bool:
+        patch = lease_renewal(self.replica, now=time.time())
         try:
-            await self.kube.patch(
-                LEASES, self.name, lease_renewal(self.replica, now=time.time()), self.namespace
+            written = await self.kube.patch(
+                LEASES, name, patch, self.namespace, resource_version=self._version
             )
         except NotFound:
+            return False
+        except Conflict:
+            # Someone wrote the slot since our last write, or our last renewal landed and
+            # its answer was lost: it is still ours only if it still names us.
             try:
-                await self.kube.create(LEASES, self._body(), self.namespace)
+                current = await self.kube.get(LEASES, name, self.namespace)
+            except NotFound:
+                return False
+            if (current.get("spec") or {}).get("holderIdentity") != self.replica:
+                return False
+            written = await self.kube.patch(
+                LEASES, name, patch, self.namespace, resource_version=resource_version(current)
+            )
+        self._hold(name, written)
+        return True
+
+    async def _claim(self) -> str | None:
+        """Take the first free slot, in this replica's order; None when all are held."""
+        for name in self.slots.order_for(self.replica):
+            try:
+                written = await self.kube.create(LEASES, self._body(name), self.namespace)
             except Conflict:
-                pass
+                try:
+                    current = await self.kube.get(LEASES, name, self.namespace)
+                except NotFound:
+                    continue  # released in between: another replica may be creating it
+                if not slot_claimable(current, self.replica, datetime.now(UTC)):
+                    continue
+                try:
+                    written = await self.kube.patch(
+                        LEASES,
+                        name,
+                        self._body(name),
+                        self.namespace,
+                        resource_version=resource_version(current),
+                    )
+                except (Conflict, NotFound):
+                    continue  # another replica took it first
+            self._hold(name, written)
+            logger.info("replica %s holds the Lease %s", self.replica, name)
+            return name
+        return None
 
     async def run(self) -> None:
         """Renew forever; a failed renewal is retried at the next tick."""
@@ -61,15 +139,31 @@ class LeaseKeeper:
             try:
                 await self.renew()
             except KubeError as error:
-                logger.warning("cannot renew lease %s: %s", self.name, error)
+                logger.warning("cannot renew lease %s: %s", self.slot, error)
             await asyncio.sleep(RENEW_EVERY_SECONDS)
 
     async def release(self) -> None:
-        """Delete the Lease, so no migration waits for a replica that stopped."""
+        """Give the slot up, so no migration waits for a replica that stopped.
+
+        The holder and times are cleared rather than the Lease deleted (the Role then
+        needs no ``delete``), and only in the version this replica wrote last: a slot
+        another replica has taken over since (this one stalled past its duration) is
+        left alone.
+        """
+        if self.slot is None:
+            return
         try:
-            await self.kube.delete(LEASES, self.name, self.namespace)
+            await self.kube.patch(
+                LEASES, self.slot, lease_release(), self.namespace, resource_version=self._version
+            )
         except KubeError:
             pass
+        self.slot = None
+
+
+def resource_version(body: dict[str, Any]) -> str:
+    """Return an object's resourceVersion."""
+    return str((body.get("metadata") or {}).get("resourceVersion", ""))
 
 
 class Acknowledger:

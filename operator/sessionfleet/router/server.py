@@ -18,6 +18,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from sessionfleet.kube import Kube
+from sessionfleet.resources.leases import LeaseSlots
 from sessionfleet.router.admission import ApiKeys, NewSessionLimiter
 from sessionfleet.router.bindings import BindingTable
 from sessionfleet.router.errors import REASON_HEADER, RouterError
@@ -49,6 +50,8 @@ class RouterSettings:
 
     namespace: str
     replica: str
+    lease_slots: LeaseSlots = LeaseSlots("router")
+    """The slot Leases this replica holds one of (the handshake's liveness)."""
     config: RouterConfig = RouterConfig()
     flush_interval: float = 10.0
     flush_writes_per_second: float = 50.0
@@ -158,7 +161,9 @@ class Router:
                 self.keys,
             )
             namespace = self.settings.namespace
-            lease = LeaseKeeper(self.kube, namespace, self.settings.replica)
+            lease = LeaseKeeper(
+                self.kube, namespace, self.settings.replica, self.settings.lease_slots
+            )
             acknowledger = Acknowledger(
                 self.kube,
                 namespace,
