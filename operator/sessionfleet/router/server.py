@@ -106,6 +106,7 @@ class Router:
             self.table,
             self.ledger,
             self.metrics,
+            replica=settings.replica,
             writes_per_second=settings.flush_writes_per_second,
         )
         self.supervisor = Supervisor(logger)
