@@ -43,7 +43,8 @@ MODEL_HEADER = "x-gateway-model-name"
 """Where GAIE's body-based router puts the model when the EPP sees no body."""
 MAX_TRACKED_CLIENTS = 16384
 """Fairness ids with a rate-limit bucket of their own at most; the least recently seen
-are forgotten first (each costs a few hundred bytes: about 6 MiB in all)."""
+are forgotten first (about 310 bytes each with the longest key, 128 characters: 5 MiB
+in all, measured with tracemalloc)."""
 
 
 def endpoint_address(url: str) -> str:
