@@ -204,9 +204,9 @@ def decide_session(
                 f"no turn for {int(idle_timeout.total_seconds())}s",
             )
     if session.phase is SessionPhase.LOST:
-        expires = lost_expires_at(session, lost_timeout)
-        if expires is None or now < expires:
-            return SessionDecision(Action.NOTHING, recheck_at=expires)
+        lost_until = lost_expires_at(session, lost_timeout)
+        if lost_until is None or now < lost_until:
+            return SessionDecision(Action.NOTHING, recheck_at=lost_until)
         return SessionDecision(
             Action.UPDATE,
             SessionPhase.FINISHED,
