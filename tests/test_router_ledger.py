@@ -68,6 +68,13 @@ def test_an_unanswered_write_is_settled_by_the_id_the_status_shows() -> None:
     assert len(ledger) == 0 and ledger.due(T0 + 100) == []
 
 
+def test_write_ids_grow_past_a_predecessor_of_the_same_name() -> None:
+    ledger = UsageLedger(interval=10)
+    ahead = int(T0 * 1000) + 60_000  # written by a process whose clock was a minute ahead
+    assert ledger.next_write_id(T0, after=ahead) == ahead + 1
+    assert ledger.next_write_id(T0) == ahead + 2
+
+
 def test_write_marks_drop_the_stale_ids_of_other_replicas() -> None:
     now_ms = int(T0 * 1000)
     observed = {"gone": now_ms - 3_600_001, "live": now_ms - 5_000, "me": now_ms - 4_000_000}

@@ -393,7 +393,10 @@ class Flusher:
         fresh = self._ledger.take(name, now)
         if fresh is None:
             return
-        write_id = self._ledger.next_write_id(now)
+        known = self._table.session_named(name)
+        write_id = self._ledger.next_write_id(
+            now, known.usage_writes.get(self._replica) if known is not None else None
+        )
         async with self._slots:
             try:
                 await self._write(name, fresh, write_id)

@@ -279,9 +279,14 @@ class UsageLedger:
             self._flushed_at[session] = now
         return delta
 
-    def next_write_id(self, now: float) -> int:
-        """Return a new write id: the Unix time in milliseconds, above every earlier id."""
-        self._last_write_id = max(self._last_write_id + 1, int(now * 1000))
+    def next_write_id(self, now: float, after: int | None = None) -> int:
+        """Return a new write id: the Unix time in milliseconds, above every earlier id.
+
+        ``after`` is this replica's id in the status as last seen: a process restarted
+        under the same name (a container restart keeps the pod's name) with a clock set
+        back must still write ids above its predecessor's.
+        """
+        self._last_write_id = max(self._last_write_id + 1, int(now * 1000), (after or 0) + 1)
         return self._last_write_id
 
     def unanswered(self, session: str, write_id: int, delta: Totals) -> None:
