@@ -258,6 +258,7 @@ def test_operator_deployment_two_replicas_rolling_update_probes_and_flags() -> N
         "--metrics-port=8080",
         "--health-port=8081",
         "--idle-timeout=30m",
+        "--lost-session-timeout=30m",
         "--node-not-ready-toleration=30s",
         "--max-node-recoveries=10",
         "--unhealthy-node-threshold=0.55",
@@ -440,6 +441,7 @@ def test_operator_values_map_to_its_flags() -> None:
         values={
             "operator": {
                 "idleTimeout": "2h",
+                "lostSessionTimeout": "10m",
                 "nodeNotReadyToleration": "1m",
                 "resyncSeconds": 5,
                 "fullResyncSeconds": 120,
@@ -462,6 +464,7 @@ def test_operator_values_map_to_its_flags() -> None:
         "--metrics-port=9090",
         "--health-port=9091",
         "--idle-timeout=2h",
+        "--lost-session-timeout=10m",
         "--node-not-ready-toleration=1m",
         "--max-node-recoveries=10",
         "--unhealthy-node-threshold=0.55",
@@ -904,6 +907,7 @@ def test_router_limits_authentication_and_session_quota() -> None:
                 "maxInflightBodyBytes": 100_000_000,
                 "idleTimeoutSeconds": 15,
                 "newSessions": {"perClient": 5, "burst": 50},
+                "trustedProxies": ["10.0.0.0/8", "fd00::/8"],
                 "auth": {"existingSecret": "agent-api-keys"},
                 "sessionQuota": {"enabled": True, "maxSessions": 5000},
             }
@@ -917,6 +921,8 @@ def test_router_limits_authentication_and_session_quota() -> None:
         "--new-sessions-per-client=5",
         "--new-sessions-burst=50",
         "--api-keys-dir=/etc/sessionfleet/api-keys",
+        "--trusted-proxy=10.0.0.0/8",
+        "--trusted-proxy=fd00::/8",
     ):
         assert flag in args
     volumes = {v["name"]: v for v in router["spec"]["template"]["spec"]["volumes"]}
@@ -933,7 +939,7 @@ def test_router_limits_authentication_and_session_quota() -> None:
     defaults = render()
     assert "ResourceQuota" not in {o["kind"] for o in defaults}
     default_args = container(by_kind(defaults, "Deployment")["rel-sessionfleet-router"])["args"]
-    assert not [a for a in default_args if a.startswith("--api-keys-dir")]
+    assert not [a for a in default_args if a.startswith(("--api-keys-dir", "--trusted-proxy"))]
     assert "--max-body-bytes=8388608" in default_args
 
 

@@ -462,3 +462,44 @@ def test_idle_sessions_finish_and_expire(
         )
     finally:
         operator.stop()
+
+
+def test_lost_sessions_finish_and_are_deleted_after_the_lost_timeout(
+    cluster: LocalCluster, namespace: str, crds_installed: None, crs: Custom, tmp_path: Path
+) -> None:
+    operator = OperatorProcess(cluster.kubeconfig, namespace, tmp_path, "--lost-session-timeout=4s")
+    operator.start()
+    try:
+        crs.create(sim_worker("w"))
+        ready_workers(crs, 1, operator)
+        crs.create(session("lost", ttlSecondsAfterFinished=3))
+        wait_until(crs.all_in_phase("agentsessions", "Bound", 1), timeout=30, what="bound")
+        crs.api.delete_namespaced_custom_object(
+            "sessionfleet.dev", "v1alpha1", namespace, "inferenceworkers", "w"
+        )
+        wait_for(
+            operator,
+            lambda: crs.status("agentsessions", "lost").get("phase") == "Lost",
+            timeout=30,
+            what="the session Lost",
+        )
+        wait_for(
+            operator,
+            lambda: (
+                condition(crs.status("agentsessions", "lost"), "Ready").get("reason")
+                == "LostExpired"
+            ),
+            timeout=30,
+            what="the Lost session Finished after the lost-session timeout",
+        )
+        status = crs.status("agentsessions", "lost")
+        assert status["phase"] == "Finished" and status["finishedAt"]
+        assert "ttlSecondsAfterFinished" in condition(status, "Ready")["message"]
+        wait_for(
+            operator,
+            lambda: not crs.list("agentsessions"),
+            timeout=30,
+            what="the finished session deleted after its TTL",
+        )
+    finally:
+        operator.stop()

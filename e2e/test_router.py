@@ -248,6 +248,9 @@ def test_two_router_replicas_agree_on_every_binding(fleet: Fleet) -> None:
 
     # Both replicas wrote usage for the same sessions; conditional writes lost none.
     wait_until(all_counted, timeout=20, what="3 turns counted per session")
+    # Each write recorded its id under its replica (read back after a lost answer).
+    for stored in fleet.sessions().values():
+        assert set(stored["status"]["usageWrites"]) <= {"ra", "rb"}, stored["status"]
 
 
 def test_racing_first_turns_on_two_replicas_bind_once(fleet: Fleet) -> None:

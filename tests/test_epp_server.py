@@ -38,8 +38,10 @@ from sessionfleet.router.bindings import BindingTable
 from sessionfleet.router.identity import session_object_name
 from sessionfleet.router.ledger import UsageLedger
 from sessionfleet.router.metrics import RouterMetrics
+from sessionfleet.router.requester import FAIRNESS_HEADER
 
 SID = {"x-session-id": "task-42"}
+NO_LIMITS = SessionRates(0, 0, 0, 0)
 NAME = session_object_name("task-42", None)
 
 
@@ -56,10 +58,14 @@ class Bed:
 
 
 async def start(
-    table: BindingTable, *, mode: int = MODES.FULL_DUPLEX_STREAMED, hold: float = 0.0
+    table: BindingTable,
+    *,
+    mode: int = MODES.FULL_DUPLEX_STREAMED,
+    hold: float = 0.0,
+    rates: SessionRates = NO_LIMITS,
 ) -> tuple[Any, Bed]:
     settings = EppSettings(
-        picker=PickerConfig(session_rates=SessionRates(0, 0, 0, 0)),
+        picker=PickerConfig(session_rates=rates),
         exchange=ExchangeSettings(mode, mode),
         hold_timeout=hold,
     )
@@ -334,3 +340,28 @@ async def test_the_envoy_replay_client_counts_the_turn_in_flight_until_the_strea
     assert bed.processor.session_turns[NAME] == 0 and bed.processor.turn_ended.is_set()
     pending = bed.processor.ledger.pending(NAME)
     assert pending is not None and pending.turns == 1
+
+
+async def test_one_client_at_the_new_session_limit_does_not_stop_another() -> None:
+    """Through the gRPC ext_proc stream, as Envoy sends GAIE's fairness id."""
+    server, bed = await start(fleet(), rates=SessionRates(0.001, 3, 100, 100))
+
+    async def forward(endpoint: str, headers: dict[str, str], body: bytes) -> Upstream:
+        return Upstream(200, {"content-type": "application/json"}, [completion()])
+
+    async def new_session(client: str | None, n: int) -> int:
+        headers = {"x-session-id": f"{client}-{n}"}
+        if client is not None:
+            headers[FAIRNESS_HEADER] = client
+        turn = await Envoy(bed.channel).turn(headers, chat_body(), forward)
+        return turn.immediate[0] if turn.immediate is not None else 200
+
+    try:
+        assert [await new_session("tenant-a", n) for n in range(5)] == [200] * 3 + [429] * 2
+        assert await new_session("tenant-b", 0) == 200
+        # Requests without a fairness id share one key of their own.
+        assert [await new_session(None, n) for n in range(4)] == [200] * 3 + [429]
+        assert bed.processor.picker.limiter.tracked == 3
+    finally:
+        await bed.channel.close()
+        await server.stop(None)

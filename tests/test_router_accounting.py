@@ -11,15 +11,21 @@ Hypothesis drives the order; the status must equal the sums over the answered tu
 
 from __future__ import annotations
 
+import asyncio
 import copy
 from dataclasses import dataclass, field
 from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from router_fakes import FakeKube
 
 from sessionfleet.engines.vllm import Usage
+from sessionfleet.kube import ApiUnavailable, Resource
+from sessionfleet.router.bindings import BindingTable
+from sessionfleet.router.kubesync import Flusher
 from sessionfleet.router.ledger import Totals, UsageLedger, status_patch, turn_totals
+from sessionfleet.router.metrics import RouterMetrics
 
 T0 = 1_800_000_000.0
 NAME = "s"
@@ -131,3 +137,157 @@ def test_status_equals_the_sums_over_answered_turns(program: list[tuple[Any, ...
     assert status.get("recomputedTokens", 0) == expected_recomputed
     if turns:
         assert status["firstTurnUncachedTokens"] == uncached(turns[0][1])
+
+
+class AnswerLosingKube(FakeKube):
+    """The API server, with a network in front that can lose a status PATCH or its answer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fault: str | None = None
+        """``applied``: the next PATCH lands and its answer is lost; ``dropped``: it never
+        arrives. Either way the caller sees what a timeout looks like."""
+
+    async def patch(
+        self, resource: Resource, name: str, body: dict[str, Any], *args: Any, **kw: Any
+    ) -> dict[str, Any]:
+        fault, self.fault = self.fault, None
+        if fault == "dropped":
+            raise ApiUnavailable(504, "timed out")
+        answer = await super().patch(resource, name, body, *args, **kw)
+        if fault == "applied":
+            raise ApiUnavailable(504, "timed out")
+        return answer
+
+
+@dataclass
+class FlushingReplica:
+    """One router replica's real ledger, binding table and Flusher."""
+
+    kube: AnswerLosingKube
+    name: str
+    ledger: UsageLedger = field(default_factory=lambda: UsageLedger(interval=1e-9))
+    table: BindingTable = field(default_factory=BindingTable)
+    seen: int = 0
+    """How many of the API server's events this replica's watch has delivered."""
+
+    def __post_init__(self) -> None:
+        self.flusher = Flusher(
+            self.kube, "ns", self.table, self.ledger, RouterMetrics(self.table), replica=self.name
+        )
+
+    def watch(self, everything: bool = False) -> None:
+        while self.seen < len(self.kube.events):
+            _revision, _plural, kind, obj = self.kube.events[self.seen]
+            self.seen += 1
+            if kind != "DELETED":
+                self.table.apply_session(obj)
+            if not everything:
+                return
+
+    async def flush(self) -> None:
+        self.flusher.start_due()
+        await self.flusher.idle()
+
+
+lossy_steps = st.lists(
+    st.one_of(
+        st.tuples(st.just("turn"), st.integers(0, 1), usages),
+        st.tuples(st.just("flush"), st.integers(0, 1)),
+        st.tuples(st.just("applied"), st.integers(0, 1)),
+        st.tuples(st.just("dropped"), st.integers(0, 1)),
+        st.tuples(st.just("watch"), st.integers(0, 1)),
+        st.tuples(st.just("restart"), st.integers(0, 1)),
+    ),
+    min_size=1,
+    max_size=40,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(lossy_steps)
+def test_a_patch_applied_but_its_answer_lost_is_counted_once(
+    program: list[tuple[Any, ...]],
+) -> None:
+    """The real Flusher, two replicas, and writes that land with no answer or never land."""
+
+    async def run() -> tuple[dict[str, Any], list[Usage | None]]:
+        kube = AnswerLosingKube()
+        kube.put(
+            "agentsessions",
+            {"metadata": {"name": NAME}, "spec": {"sessionId": NAME, "model": "m"}, "status": {}},
+        )
+        replicas = [FlushingReplica(kube, "router-a"), FlushingReplica(kube, "router-b")]
+        for replica in replicas:
+            replica.watch(everything=True)
+        answered: list[Usage | None] = []
+        restarts = 0
+        now = T0
+        for step in program:
+            now += 1.0
+            kind, index = step[0], step[1]
+            replica = replicas[index]
+            if kind == "turn":
+                replica.ledger.record(NAME, turn_totals(step[2], started=now, now=now + 0.5))
+                answered.append(step[2])
+            elif kind in ("applied", "dropped"):
+                kube.fault = kind
+                await replica.flush()
+                kube.fault = None  # only that flush's PATCH, if it had one
+            elif kind == "flush":
+                await replica.flush()
+            elif kind == "watch":
+                replica.watch()
+            elif kind == "restart":
+                await replica.flusher.flush_all()  # SIGTERM: write what is held
+                restarts += 1
+                replicas[index] = FlushingReplica(kube, f"router-{index}-{restarts}")
+                replicas[index].watch(everything=True)  # LIST on start
+        for replica in replicas:
+            await replica.flusher.flush_all()
+        return kube.obj("agentsessions", NAME)["status"], answered
+
+    status, answered = asyncio.run(run())
+    expected_prompt = sum(u.prompt_tokens for u in answered if u)
+    expected_cached = sum(min(u.cached_tokens or 0, u.prompt_tokens) for u in answered if u)
+
+    def uncached(u: Usage | None) -> int:
+        return 0 if u is None else u.prompt_tokens - min(u.cached_tokens or 0, u.prompt_tokens)
+
+    assert status.get("turns", 0) == len(answered)
+    assert status.get("promptTokens", 0) == expected_prompt
+    assert status.get("cachedTokens", 0) == expected_cached
+    assert status.get("recomputedTokens", 0) == sum(uncached(u) for u in answered[1:])
+
+
+def test_an_answered_flush_costs_one_patch_and_no_read() -> None:
+    """Settling lost answers adds no API call while writes are answered."""
+
+    class CountingKube(AnswerLosingKube):
+        gets = 0
+
+        async def get(self, *args: Any, **kw: Any) -> dict[str, Any]:
+            self.gets += 1
+            return await super().get(*args, **kw)
+
+    async def run() -> None:
+        kube = CountingKube()
+        kube.put("agentsessions", {"metadata": {"name": NAME}, "spec": {}, "status": {}})
+        replica = FlushingReplica(kube, "router-a")
+        replica.watch(everything=True)
+        for turn in range(5):
+            replica.ledger.record(NAME, turn_totals(None, started=T0 + turn, now=T0 + turn))
+            await replica.flush()
+        assert (len(kube.patches), kube.gets) == (5, 0)
+        status = kube.obj("agentsessions", NAME)["status"]
+        assert status["turns"] == 5 and list(status["usageWrites"]) == ["router-a"]
+        # A lost answer costs the write again at most (here: the status shows it applied,
+        # so the next write carries only the new turn).
+        kube.fault = "applied"
+        replica.ledger.record(NAME, turn_totals(None, started=T0 + 9, now=T0 + 9))
+        await replica.flush()
+        replica.ledger.record(NAME, turn_totals(None, started=T0 + 10, now=T0 + 10))
+        await replica.flush()
+        assert kube.obj("agentsessions", NAME)["status"]["turns"] == 7
+
+    asyncio.run(run())

@@ -38,6 +38,7 @@ from sessionfleet.router.admission import (
 )
 from sessionfleet.router.identity import session_object_name
 from sessionfleet.router.limits import IntakeLimits
+from sessionfleet.router.requester import TrustedProxies, parse_networks
 from sessionfleet.router.server import Router, RouterSettings, serve
 
 NO_LIMITS = SessionRates(0, 0, 0, 0)
@@ -242,6 +243,36 @@ async def test_a_flood_of_new_sessions_is_limited_and_established_ones_are_not(
     for _ in range(10):
         status, _, _ = await post(http, url, chat(opening()), {"X-Session-Id": "established"})
         assert status == 200
+
+
+@pytest.mark.parametrize(
+    ("trusted", "other_served"),
+    [
+        # Behind a trusted gateway each forwarded client has its own bucket.
+        ("127.0.0.0/8", True),
+        # The same X-Forwarded-For from a peer that is not a trusted proxy is ignored
+        # (a client cannot choose its bucket): both count against the peer.
+        ("10.9.9.0/24", False),
+    ],
+)
+async def test_one_client_at_the_limit_does_not_stop_another_behind_a_gateway(
+    fleet: Fleet, http: aiohttp.ClientSession, trusted: str, other_served: bool
+) -> None:
+    await fleet.engine("w1")
+    proxies = TrustedProxies(parse_networks([trusted]))
+    url, _ = await fleet.router(
+        session_rates=SessionRates(0.001, 3, 100, 100), trusted_proxies=proxies
+    )
+
+    async def new_session(client: str, n: int) -> int:
+        headers = {"X-Session-Id": f"{client}-{n}", "X-Forwarded-For": f"{client}, 127.0.0.1"}
+        status, _, _ = await post(http, url, chat(opening()), headers)
+        return status
+
+    # One client opens new sessions as fast as it can: beyond its burst, 429.
+    assert [await new_session("203.0.113.7", n) for n in range(6)] == [200] * 3 + [429] * 3
+    other = await new_session("198.51.100.9", 0)
+    assert other == (200 if other_served else 429)
 
 
 async def test_a_session_whose_first_turn_failed_is_removed(

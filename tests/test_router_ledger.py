@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 
 from sessionfleet.engines.vllm import Usage
-from sessionfleet.router.ledger import Totals, UsageLedger, rfc3339, status_patch, turn_totals
+from sessionfleet.router.ledger import (
+    Totals,
+    UsageLedger,
+    rfc3339,
+    status_patch,
+    turn_totals,
+    write_marks,
+)
 
 T0 = 1_800_000_000.0
 
@@ -32,16 +39,46 @@ def test_first_write_is_not_delayed_and_sessions_are_independent() -> None:
     assert ledger.due(T0 + 1) == ["b"]
 
 
-def test_a_failed_write_is_merged_back() -> None:
+def test_an_unanswered_write_is_settled_by_the_id_the_status_shows() -> None:
     ledger = UsageLedger(interval=10)
     ledger.record("s", Totals(turns=2, prompt_tokens=10))
-    delta = ledger.take("s", T0)
-    assert delta is not None and ledger.pending("s") is None
+    first = ledger.take("s", T0)
+    assert first is not None and ledger.pending("s") is None
+    first_id = ledger.next_write_id(T0)
+    ledger.unanswered("s", first_id, first)
+    # Nothing new, but the unanswered write must be settled: due after the interval.
+    assert ledger.due(T0 + 1) == [] and ledger.due(T0 + 10) == ["s"]
+    assert ledger.take("s", T0 + 10) == Totals()
+    # A status without this replica's id: the write was not applied, write it again.
+    assert ledger.confirm("s", None) == Totals(turns=2, prompt_tokens=10)
+    second_id = ledger.next_write_id(T0)  # same millisecond: still a larger id
+    assert second_id == first_id + 1
     ledger.record("s", Totals(turns=1, prompt_tokens=5))
-    ledger.give_back("s", delta)
-    assert ledger.pending("s") == Totals(turns=3, prompt_tokens=15)
+    fresh = ledger.take("s", T0 + 20)
+    assert fresh is not None
+    ledger.unanswered("s", second_id, fresh)
+    # The first write was applied (the second then got a 409 nobody heard): only the
+    # second's delta is still to write.
+    assert ledger.confirm("s", first_id) == Totals(turns=1, prompt_tokens=5)
+    # The second was applied: nothing is left, and the session is no longer held.
+    assert ledger.confirm("s", second_id) == Totals()
+    assert len(ledger) == 0 and ledger.take("s", T0 + 30) is None
+    ledger.unanswered("s", ledger.next_write_id(T0), Totals(turns=1))
     ledger.forget("s")
     assert len(ledger) == 0 and ledger.due(T0 + 100) == []
+
+
+def test_write_ids_grow_past_a_predecessor_of_the_same_name() -> None:
+    ledger = UsageLedger(interval=10)
+    ahead = int(T0 * 1000) + 60_000  # written by a process whose clock was a minute ahead
+    assert ledger.next_write_id(T0, after=ahead) == ahead + 1
+    assert ledger.next_write_id(T0) == ahead + 2
+
+
+def test_write_marks_drop_the_stale_ids_of_other_replicas() -> None:
+    now_ms = int(T0 * 1000)
+    observed = {"gone": now_ms - 3_600_001, "live": now_ms - 5_000, "me": now_ms - 4_000_000}
+    assert write_marks(observed, "me", now_ms) == {"gone": None, "me": now_ms}
 
 
 def test_prune_keeps_memory_bounded() -> None:

@@ -8,7 +8,13 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from sessionfleet.api import Reason, SessionPhase, WorkerPhase
-from sessionfleet.policy.sessions import Action, SessionState, WorkerBrief, decide_session
+from sessionfleet.policy.sessions import (
+    Action,
+    SessionState,
+    WorkerBrief,
+    decide_session,
+    next_check,
+)
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 NEW = SessionState("ns", "s", "sid", "m", created_at=NOW - timedelta(seconds=1))
@@ -122,3 +128,49 @@ def test_pinned_and_context_estimate() -> None:
     assert BOUND.pinned and not NEW.pinned
     assert not replace(BOUND, phase=SessionPhase.FINISHED).pinned
     assert replace(BOUND, prompt_tokens=3000, turns=3).context_tokens == 1000
+
+
+LOST = replace(
+    BOUND,
+    phase=SessionPhase.LOST,
+    created_at=NOW - timedelta(hours=6),
+    last_activity=NOW - timedelta(hours=5),
+)
+
+
+@pytest.mark.parametrize(
+    ("session", "action", "recheck"),
+    [
+        # Lost a minute ago, its last turn long before: kept until it has been Lost 10m.
+        (replace(LOST, lost_since=NOW - timedelta(minutes=1)), Action.NOTHING, 9),
+        # Lost long ago, but still served elsewhere: its last turn keeps it.
+        (
+            replace(LOST, lost_since=NOW - timedelta(hours=2), last_activity=NOW),
+            Action.NOTHING,
+            10,
+        ),
+        (replace(LOST, lost_since=NOW - timedelta(minutes=10)), Action.UPDATE, None),
+        # No Ready condition (written by hand): its last turn counts.
+        (LOST, Action.UPDATE, None),
+        (replace(LOST, last_activity=None, bound_at=None, created_at=None), Action.NOTHING, None),
+    ],
+)
+def test_lost_sessions_are_finished_after_the_lost_timeout(
+    session: SessionState, action: Action, recheck: int | None
+) -> None:
+    lost_timeout = timedelta(minutes=10)
+    decision = decide_session(session, None, NOW, timedelta(minutes=30), lost_timeout)
+    assert decision.action is action
+    expected = None if recheck is None else NOW + timedelta(minutes=recheck)
+    if action is Action.UPDATE:
+        assert (decision.phase, decision.reason) == (SessionPhase.FINISHED, Reason.LOST_EXPIRED)
+        assert "deleted after ttlSecondsAfterFinished" in decision.message
+    else:
+        assert decision.recheck_at == expected
+    # The loop wakes for it with no event: the deadline is the one decided on.
+    if action is Action.NOTHING:
+        assert next_check(session, timedelta(minutes=30), lost_timeout) == expected
+    # Finished, it then goes the way of every finished session: deleted after its TTL.
+    finished = replace(session, phase=SessionPhase.FINISHED, finished_at=NOW)
+    later = decide_session(finished, None, NOW + timedelta(hours=1), lost_timeout=lost_timeout)
+    assert later.action is Action.DELETE

@@ -108,6 +108,8 @@ def test_a_session_decision_changes_with_the_clock_only_at_its_next_check() -> N
             replace(bound, phase=SessionPhase.MIGRATING),
             WorkerBrief("w", WorkerPhase.DRAINING, 1, "w-1"),
         ),
+        # Lost: finished at the lost-session timeout (the default, as IDLE's).
+        (replace(bound, phase=SessionPhase.LOST, lost_since=NOW + timedelta(minutes=1)), None),
     ]
     for session, worker in cases:
         due = next_check(session, IDLE)
@@ -121,7 +123,7 @@ def test_a_session_decision_changes_with_the_clock_only_at_its_next_check() -> N
 @pytest.mark.parametrize(
     "session",
     [
-        SessionState("ns", "s", "sid", "m", phase=SessionPhase.LOST, last_activity=NOW),
+        SessionState("ns", "s", "sid", "m", phase=SessionPhase.LOST),  # nothing dated
         SessionState("ns", "s", "sid", "m", invalid="bad spec", created_at=NOW),
         SessionState("ns", "s", "sid", "m"),  # nothing dated yet
         SessionState(

@@ -13,7 +13,7 @@ from sessionfleet.policy.recovery import (
     DEFAULT_NODE_NOT_READY_TOLERATION,
     DEFAULT_UNHEALTHY_NODE_THRESHOLD,
 )
-from sessionfleet.policy.sessions import DEFAULT_IDLE_TIMEOUT
+from sessionfleet.policy.sessions import DEFAULT_IDLE_TIMEOUT, DEFAULT_LOST_TIMEOUT
 from sessionfleet.resources.pods import EngineImages
 
 
@@ -25,6 +25,8 @@ class OperatorConfig:
     """Namespaces to serve; empty serves the whole cluster."""
     kubeconfig: str | None = None
     idle_timeout: timedelta = DEFAULT_IDLE_TIMEOUT
+    lost_timeout: timedelta = DEFAULT_LOST_TIMEOUT
+    """A Lost session with no turn for this long (since it became Lost) is finished."""
     node_not_ready_toleration: timedelta = DEFAULT_NODE_NOT_READY_TOLERATION
     max_concurrent_node_recoveries: int = DEFAULT_MAX_CONCURRENT_NODE_RECOVERIES
     """Workers moved off NotReady nodes at once, fleet-wide."""

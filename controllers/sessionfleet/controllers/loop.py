@@ -170,7 +170,11 @@ async def repair(fleet: Fleet) -> None:
     async for key in paced(list(held)):
         session = held.get(key)
         wrong += loads.check(key, session)
-        when = next_check(session, fleet.config.idle_timeout) if session is not None else None
+        when = (
+            next_check(session, fleet.config.idle_timeout, fleet.config.lost_timeout)
+            if session is not None
+            else None
+        )
         deadlines.schedule(key, when.timestamp() if when is not None else None)
     async for key in paced(list(loads.counted())):
         if key not in held:  # counted, but its deletion was missed

@@ -14,11 +14,13 @@ from typing import Any
 
 from sessionfleet.api import (
     AgentSession,
+    AgentSessionStatus,
     ConditionStatus,
     ConditionType,
     DrainPolicySpec,
     InferenceWorker,
     InferenceWorkerStatus,
+    SessionPhase,
     parse,
 )
 from sessionfleet.api.checkpoint import WorkerCheckpoint
@@ -118,6 +120,7 @@ def session_record(body: Mapping[str, Any]) -> SessionState:
         bound_at=status.bound_at,
         last_activity=status.last_activity,
         finished_at=status.finished_at,
+        lost_since=_lost_since(status),
         prompt_tokens=status.prompt_tokens or 0,
         turns=status.turns or 0,
         recomputed_tokens=status.recomputed_tokens or 0,
@@ -127,6 +130,14 @@ def session_record(body: Mapping[str, Any]) -> SessionState:
         resource_version=resource_version(body),
         uid=str(meta.get("uid", "")),
     )
+
+
+def _lost_since(status: AgentSessionStatus) -> datetime | None:
+    """Return when a Lost session became Lost: the operator wrote its Ready condition then."""
+    if status.phase is not SessionPhase.LOST:
+        return None
+    ready = [c for c in status.conditions if c.type is ConditionType.READY]
+    return ready[0].last_transition_time if ready else None
 
 
 def _created(meta: Mapping[str, Any]) -> datetime | None:

@@ -56,6 +56,14 @@ def add_parser(commands: Any) -> None:
         help="finish sessions with no turn for this long (default 30m)",
     )
     parser.add_argument(
+        "--lost-session-timeout",
+        type=_duration,
+        default=DEFAULTS.lost_timeout,
+        help="finish a Lost session (its worker was deleted) this long after it became "
+        "Lost or after its last turn, whichever is later; it is then deleted after its "
+        "ttlSecondsAfterFinished (default 30m)",
+    )
+    parser.add_argument(
         "--node-not-ready-toleration",
         type=_duration,
         default=DEFAULTS.node_not_ready_toleration,
@@ -273,6 +281,7 @@ def _run(args: argparse.Namespace) -> int:
         namespaces=tuple(args.namespace),
         kubeconfig=args.kubeconfig,
         idle_timeout=args.idle_timeout,
+        lost_timeout=args.lost_session_timeout,
         node_not_ready_toleration=args.node_not_ready_toleration,
         max_concurrent_node_recoveries=args.max_node_recoveries,
         unhealthy_node_threshold=args.unhealthy_node_threshold,

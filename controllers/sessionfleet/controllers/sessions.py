@@ -103,7 +103,9 @@ def _decide(fleet: Fleet, session: SessionState, now: datetime) -> SessionDecisi
         return None  # we deleted it; the index shows it until the watch reports that
     if session.worker is not None:
         fleet.ledger.settle(key)
-    decision = decide_session(session, _brief(fleet, session), now, fleet.config.idle_timeout)
+    decision = decide_session(
+        session, _brief(fleet, session), now, fleet.config.idle_timeout, fleet.config.lost_timeout
+    )
     return None if decision.action is Action.NOTHING else decision
 
 

@@ -128,7 +128,7 @@ def session_changed(fleet: Fleet, state: SessionState, *, bind_new: bool) -> Non
     if state.worker is not None:
         fleet.work.waiting.discard(key)
     fleet.work.session(key)
-    when = next_check(state, fleet.config.idle_timeout)
+    when = next_check(state, fleet.config.idle_timeout, fleet.config.lost_timeout)
     fleet.work.session_deadlines.schedule(key, when.timestamp() if when is not None else None)
     new = state.worker is None and state.phase is None and not state.finished
     if bind_new and new and fleet.leadership.leading and fleet.indexed.is_set():

@@ -128,6 +128,11 @@ class Reason(DescribedEnum):
     MIGRATING = "Migrating", "The session moves to another worker at its next turn boundary."
     FINISHED_BY_CLIENT = "FinishedByClient", "The client marked the session finished."
     IDLE_TIMEOUT = "IdleTimeout", "The session had no turn for longer than the idle timeout."
+    LOST_EXPIRED = (
+        "LostExpired",
+        "The session was Lost and had no turn for the lost-session timeout; it is deleted "
+        "after ttlSecondsAfterFinished.",
+    )
     DRAIN_REQUESTED = "DrainRequested", "The worker's spec asks for a drain (drain: true)."
     NODE_CORDONED = "NodeCordoned", "The worker's node was cordoned (unschedulable)."
     DISRUPTION_TAINT = "DisruptionTaint", "The worker's node carries a disruption taint."

@@ -181,6 +181,15 @@ class AgentSessionStatus(ApiModel):
         ge=0,
         description="Prompt tokens of the first turn not served from cache (new by nature).",
     )
+    usage_writes: dict[str, int] | None = Field(
+        default=None,
+        description=(
+            "Per router replica, the id of its last usage write the API server applied "
+            "(the Unix time in milliseconds; a replica's ids only grow). A replica whose "
+            "write got no answer reads its id here to tell whether the write was applied, "
+            "so that no usage is counted twice."
+        ),
+    )
     migrations: list[Migration] = Field(
         default_factory=list, description="Moves to other workers, oldest first."
     )

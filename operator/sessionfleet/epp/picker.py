@@ -6,7 +6,9 @@ same shared parts: the session identity from the headers
 WATCH of :mod:`sessionfleet.router.kubesync`, a bound session's worker
 (:func:`sessionfleet.router.routing.bound_worker`), the placement of a new session
 (:func:`sessionfleet.policy.placement.place`) and the new-session rate limit
-(:class:`sessionfleet.router.admission.NewSessionLimiter`).
+(:class:`sessionfleet.router.admission.NewSessionLimiter`), per client: keyed on GAIE's
+fairness id header when the gateway sends one (:func:`~sessionfleet.router.requester.fairness_key`),
+else one key for every request.
 
 What differs is that the EPP answers Envoy before the AgentSession of a new session
 exists: the choice is remembered here (:attr:`EndpointPicker.provisional`) until the
@@ -34,10 +36,15 @@ from sessionfleet.router.identity import (
     identify,
     session_object_name,
 )
+from sessionfleet.router.requester import fairness_key
 from sessionfleet.router.routing import bound_worker
 
 MODEL_HEADER = "x-gateway-model-name"
 """Where GAIE's body-based router puts the model when the EPP sees no body."""
+MAX_TRACKED_CLIENTS = 16384
+"""Fairness ids with a rate-limit bucket of their own at most; the least recently seen
+are forgotten first (about 310 bytes each with the longest key, 128 characters: 5 MiB
+in all, measured with tracemalloc)."""
 
 
 def endpoint_address(url: str) -> str:
@@ -103,7 +110,7 @@ class EndpointPicker:
     def __init__(self, table: BindingTable, config: PickerConfig, now: float = 0.0) -> None:
         self.table = table
         self.config = config
-        self.limiter = NewSessionLimiter(config.session_rates, now)
+        self.limiter = NewSessionLimiter(config.session_rates, now, max_clients=MAX_TRACKED_CLIENTS)
         self.provisional: dict[str, NewSession] = {}
         """New sessions placed here whose AgentSession is not in the table yet, by name."""
         self._turn = itertools.count()
@@ -140,7 +147,7 @@ class EndpointPicker:
         except IdentityError as error:
             raise RouterError(400, "invalid_session_id", str(error)) from error
         if identity is not None:
-            decision = self._session(identity, model, subset, now)
+            decision = self._session(identity, model, subset, now, fairness_key(headers))
             if decision is not None:
                 return decision
         if model is None:
@@ -160,8 +167,12 @@ class EndpointPicker:
         model: str | None,
         subset: frozenset[str] | None,
         now: float,
+        requester: str = "",
     ) -> Decision | None:
-        """Decide for a session's turn; None: route it statelessly (another model)."""
+        """Decide for a session's turn; None: route it statelessly (another model).
+
+        ``requester`` is who a new session counts against (:func:`fairness_key`).
+        """
         name = session_object_name(identity.session_id, None)
         known = self.table.session_named(name)
         if known is not None:
@@ -192,7 +203,7 @@ class EndpointPicker:
                 f"the model of new session {identity.session_id} is unknown: send the body "
                 f"to the EPP, or the {MODEL_HEADER} header",
             )
-        return self._new(identity, name, model, subset, now)
+        return self._new(identity, name, model, subset, now, requester)
 
     def _bound(
         self, session: SessionView, identity: Identity, subset: frozenset[str] | None
@@ -221,6 +232,7 @@ class EndpointPicker:
         model: str,
         subset: frozenset[str] | None,
         now: float,
+        requester: str,
     ) -> Route:
         parent = (
             self.table.session_named(session_object_name(identity.parent_id, None))
@@ -239,7 +251,7 @@ class EndpointPicker:
                 raise RouterError(404, "model_not_found", f"no InferenceWorker serves {model!r}")
             code = "no_capacity" if placement.reason.value == "NoCapacity" else "no_ready_worker"
             raise RouterError(503, code, placement.message, retry_after=self.config.retry_after)
-        wait = self.limiter.admit("", now)
+        wait = self.limiter.admit(requester, now)
         if wait:
             raise RouterError(
                 429,

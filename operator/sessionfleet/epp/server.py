@@ -241,7 +241,7 @@ async def serve(kube: Kube, settings: EppSettings, host: str, port: int, metrics
         timeout=settings.create_timeout,
         retry_after=settings.picker.retry_after,
     )
-    flusher = Flusher(kube, settings.namespace, table, ledger, metrics)
+    flusher = Flusher(kube, settings.namespace, table, ledger, metrics, replica=settings.replica)
     processor = Processor(table, settings, ledger, metrics, creator=creator, flusher=flusher)
     supervisor = Supervisor(logger)
     health_service = Health(table, supervisor)

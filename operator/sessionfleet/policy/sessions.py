@@ -15,6 +15,12 @@ from typing import Any
 from sessionfleet.api import Reason, SessionPhase, WorkerPhase
 
 DEFAULT_IDLE_TIMEOUT = timedelta(minutes=30)
+DEFAULT_LOST_TIMEOUT = timedelta(minutes=30)
+"""How long a Lost session is kept after it became Lost, or after its last turn if later.
+
+A Lost session no longer holds a worker (routers serve its turns on the worker its id
+hashes to), so nothing else would ever end it: without an expiry every session of a
+deleted worker would stay in etcd for good."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +45,8 @@ class SessionState:
     bound_at: datetime | None = None
     last_activity: datetime | None = None
     finished_at: datetime | None = None
+    lost_since: datetime | None = None
+    """When the session became Lost (its Ready condition's last transition); None otherwise."""
     prompt_tokens: int = 0
     turns: int = 0
     recomputed_tokens: int = 0
@@ -137,11 +145,32 @@ def urgency_of(decision: SessionDecision, worker: WorkerBrief | None) -> Urgency
     return Urgency.HOLDS_WORKER
 
 
+def lost_expires_at(session: SessionState, lost_timeout: timedelta) -> datetime | None:
+    """Return when a Lost session is finished; None when no time is known (never).
+
+    That is ``lost_timeout`` after it became Lost or after its last turn, whichever is
+    later. Its turns keep it: a Lost session is still served (on another worker), and a client
+    in the middle of one must not see it finished under it.
+    """
+    seen = [
+        t
+        for t in (session.lost_since, session.last_activity, session.bound_at, session.created_at)
+        if t is not None
+    ]
+    if not seen:
+        return None
+    try:
+        return max(seen) + lost_timeout
+    except OverflowError:  # the schema allows dates up to 9999-12-31: never, then
+        return None
+
+
 def decide_session(
     session: SessionState,
     worker: WorkerBrief | None,
     now: datetime,
     idle_timeout: timedelta = DEFAULT_IDLE_TIMEOUT,
+    lost_timeout: timedelta = DEFAULT_LOST_TIMEOUT,
 ) -> SessionDecision:
     """Decide the next step for one session. ``worker`` is its bound worker, if it exists."""
     if session.invalid is not None:
@@ -175,7 +204,16 @@ def decide_session(
                 f"no turn for {int(idle_timeout.total_seconds())}s",
             )
     if session.phase is SessionPhase.LOST:
-        return NOTHING
+        lost_until = lost_expires_at(session, lost_timeout)
+        if lost_until is None or now < lost_until:
+            return SessionDecision(Action.NOTHING, recheck_at=lost_until)
+        return SessionDecision(
+            Action.UPDATE,
+            SessionPhase.FINISHED,
+            Reason.LOST_EXPIRED,
+            f"Lost with no turn for {int(lost_timeout.total_seconds())}s; deleted after "
+            f"ttlSecondsAfterFinished ({session.ttl_seconds}s)",
+        )
     if session.worker is None:
         return SessionDecision(Action.PLACE)
     if worker is None:
@@ -216,16 +254,21 @@ def decide_session(
 
 
 def next_check(
-    session: SessionState, idle_timeout: timedelta = DEFAULT_IDLE_TIMEOUT
+    session: SessionState,
+    idle_timeout: timedelta = DEFAULT_IDLE_TIMEOUT,
+    lost_timeout: timedelta = DEFAULT_LOST_TIMEOUT,
 ) -> datetime | None:
     """Return when :func:`decide_session` can next change its answer with no event.
 
-    A Finished session is deleted at ``finishedAt + ttlSecondsAfterFinished``; any other
-    live one is finished at its last sign of life plus ``idle_timeout``. Every other
-    change of decision comes with an event of the session or of its worker.
+    A Finished session is deleted at ``finishedAt + ttlSecondsAfterFinished``; a Lost one
+    is finished at :func:`lost_expires_at`; any other live one is finished at its last
+    sign of life plus ``idle_timeout``. Every other change of decision comes with an
+    event of the session or of its worker.
     """
-    if session.invalid is not None or session.phase is SessionPhase.LOST:
+    if session.invalid is not None:
         return None
+    if session.phase is SessionPhase.LOST:
+        return lost_expires_at(session, lost_timeout)
     try:
         if session.phase is SessionPhase.FINISHED:
             if session.finished_at is None:

@@ -7,6 +7,7 @@ module only shapes them into the conditional merge patch the router writes.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,16 +73,21 @@ def precondition(resource_version: str) -> dict[str, Any]:
     return meta.model_dump(by_alias=True, mode="json", exclude_unset=True)
 
 
-def usage_status_patch(figures: UsageFigures, resource_version: str) -> dict[str, Any]:
+def usage_status_patch(
+    figures: UsageFigures,
+    resource_version: str,
+    marks: Mapping[str, int | None] | None = None,
+) -> dict[str, Any]:
     """Return the merge patch of a session's status subresource that writes ``figures``.
 
     Conditional on ``resource_version``: a replica that raced another gets a 409 and
-    recomputes from the object it re-reads.
+    recomputes from the object it re-reads. ``marks`` go to ``usageWrites`` as a merge
+    (a None removes a replica's entry): the id of this write under the writer's name.
     """
-    return {
-        "metadata": precondition(resource_version),
-        "status": status_wire(usage_status(figures)),
-    }
+    status = status_wire(usage_status(figures))
+    if marks:
+        status[_alias("usage_writes")] = dict(marks)
+    return {"metadata": precondition(resource_version), "status": status}
 
 
 def _alias(field: str) -> str:

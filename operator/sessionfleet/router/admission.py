@@ -9,8 +9,9 @@ keys are re-read when the folder changes, so a rotated Secret takes effect witho
 restart. Keys are compared by their SHA-256, so a lookup takes the same time whatever
 part of a key matches.
 
-**New sessions are rate limited** per client (the authenticated name, else the peer
-address) and globally, with token buckets: a turn that would create an AgentSession
+**New sessions are rate limited** per client (the authenticated name, else the address
+a trusted proxy forwarded, else the peer address: :mod:`.requester`) and globally, with
+token buckets, in each replica: a turn that would create an AgentSession
 beyond the rate is answered 429 with ``Retry-After``. Turns of sessions that exist are
 never limited, so a flood of new ids cannot slow down established sessions' turns.
 
@@ -127,8 +128,11 @@ class SessionRates:
 class NewSessionLimiter:
     """Token buckets for new sessions, one per client and one for everyone."""
 
-    def __init__(self, rates: SessionRates, now: float = 0.0) -> None:
+    def __init__(
+        self, rates: SessionRates, now: float = 0.0, *, max_clients: int = _MAX_CLIENT_BUCKETS
+    ) -> None:
         self.rates = rates
+        self._max_clients = max_clients
         self._total = (
             TokenBucket.full(rates.total, max(1.0, rates.total_burst), now) if rates.total else None
         )
@@ -141,11 +145,16 @@ class NewSessionLimiter:
         if bucket is None:
             burst = max(1.0, self.rates.per_client_burst)
             bucket = self._clients[client] = TokenBucket.full(self.rates.per_client, burst, now)
-            if len(self._clients) > _MAX_CLIENT_BUCKETS:
+            if len(self._clients) > self._max_clients:
                 self._clients.popitem(last=False)
         else:
             self._clients.move_to_end(client)
         return bucket
+
+    @property
+    def tracked(self) -> int:
+        """Clients with a bucket of their own now (at most ``max_clients``)."""
+        return len(self._clients)
 
     def admit(self, client: str, now: float) -> int:
         """Take a token for a new session of ``client``; return 0, or seconds to wait.

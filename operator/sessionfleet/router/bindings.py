@@ -97,6 +97,8 @@ class SessionView:
     owner: str | None = None
     """The owner label: the authenticated client that created it through a router."""
     uid: str = ""
+    usage_writes: dict[str, int] = field(default_factory=dict)
+    """``status.usageWrites``: each replica's last applied usage write (:mod:`.ledger`)."""
 
     @property
     def pins_worker(self) -> bool:
@@ -127,6 +129,11 @@ class SessionView:
             },
             owner=(meta.get("labels") or {}).get(OWNER_LABEL),
             uid=str(meta.get("uid", "")),
+            usage_writes={
+                k: v
+                for k, v in (status.get("usageWrites") or {}).items()
+                if isinstance(v, int) and not isinstance(v, bool)
+            },
         )
 
 

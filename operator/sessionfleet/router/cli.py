@@ -198,6 +198,15 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
         help="new sessions a second, all clients together; 0: no limit (default: 200)",
     )
     limits.add_argument(
+        "--trusted-proxy",
+        action="append",
+        default=[],
+        metavar="CIDR",
+        help="a network of proxies (a gateway, a load balancer) whose X-Forwarded-For "
+        "names the client that new sessions count against; repeatable or comma-separated; "
+        "default: none, the peer address counts (with API keys on, the client's name)",
+    )
+    limits.add_argument(
         "--new-sessions-burst",
         type=non_negative_float,
         default=400.0,
@@ -226,6 +235,7 @@ def settings_from_args(args: argparse.Namespace) -> RouterSettings:
     from sessionfleet.router.identity import HeaderConfig
     from sessionfleet.router.limits import IntakeLimits
     from sessionfleet.router.proxy import RouterConfig
+    from sessionfleet.router.requester import TrustedProxies, parse_networks
     from sessionfleet.router.server import RouterSettings
 
     return RouterSettings(
@@ -248,6 +258,7 @@ def settings_from_args(args: argparse.Namespace) -> RouterSettings:
                 total=args.new_sessions_per_second,
                 total_burst=args.new_sessions_burst,
             ),
+            trusted_proxies=TrustedProxies(parse_networks(args.trusted_proxy)),
         ),
         flush_interval=args.flush_interval,
         flush_writes_per_second=args.flush_writes_per_second,

@@ -7,8 +7,9 @@
   when another replica created it first (409), adopts the existing binding. This is
   the only API call a turn can wait for, and only a session's first turn does;
 * :class:`Flusher` writes each session's pending usage at most once per interval, as a
-  conditional merge patch of the status (see :mod:`.ledger`), and marks sessions
-  finished when their client said so.
+  conditional merge patch of the status that records the write's id (see :mod:`.ledger`:
+  a write whose answer was lost is settled from the status, never counted twice), and
+  marks sessions finished when their client said so.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import asyncio
 import logging
 import math
 import time
+from collections import Counter
 from collections.abc import Coroutine, Mapping
 from typing import Any, Final
 
@@ -41,7 +43,7 @@ from sessionfleet.router.admission import NewSessionLimiter, SessionRates
 from sessionfleet.router.bindings import BindingTable, SessionView
 from sessionfleet.router.errors import RouterError
 from sessionfleet.router.identity import Identity, session_object_name
-from sessionfleet.router.ledger import Totals, UsageLedger, status_patch
+from sessionfleet.router.ledger import Totals, UsageLedger, status_patch, write_marks
 from sessionfleet.router.metrics import RouterMetrics
 
 logger = logging.getLogger("sessionfleet.router")
@@ -305,10 +307,13 @@ class Flusher:
         ledger: UsageLedger,
         metrics: RouterMetrics,
         *,
+        replica: str,
         writes_per_second: float = 50.0,
         concurrency: int = 4,
     ) -> None:
         self._kube = kube
+        self._replica = replica
+        """The key of this replica's write ids in ``status.usageWrites``: unique per replica."""
         self._namespace = namespace
         self._table = table
         self._ledger = ledger
@@ -317,6 +322,8 @@ class Flusher:
         self._slots = asyncio.Semaphore(concurrency)
         self._finishing: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._writing: dict[str, asyncio.Lock] = {}
+        self._writers: Counter[str] = Counter()
 
     async def run(self, tick: float = FLUSH_TICK) -> None:
         """Start the writes that are due every ``tick`` seconds, forever."""
@@ -370,28 +377,52 @@ class Flusher:
             self._finishing.discard(name)
 
     async def _flush_one(self, name: str, now: float) -> None:
-        delta = self._ledger.take(name, now)
-        if delta is None:
+        # One write of a session at a time: each write must carry every unconfirmed delta
+        # before it (UsageLedger.confirm), which a concurrent write would not see.
+        lock = self._writing.setdefault(name, asyncio.Lock())
+        self._writers[name] += 1
+        try:
+            async with lock:
+                await self._flush_locked(name, now)
+        finally:
+            self._writers[name] -= 1
+            if not self._writers[name]:
+                del self._writers[name], self._writing[name]
+
+    async def _flush_locked(self, name: str, now: float) -> None:
+        fresh = self._ledger.take(name, now)
+        if fresh is None:
             return
+        known = self._table.session_named(name)
+        write_id = self._ledger.next_write_id(
+            now, known.usage_writes.get(self._replica) if known is not None else None
+        )
         async with self._slots:
             try:
-                await self._write(name, delta)
+                await self._write(name, fresh, write_id)
             except NotFound:
                 self._metrics.flushes.labels("gone").inc()
                 self._ledger.forget(name)
             except (ApiUnavailable, KubeError) as error:
                 self._metrics.flushes.labels("failed").inc()
                 logger.warning("usage of session %s not written (%s); will retry", name, error)
-                self._ledger.give_back(name, delta)
+                # The API server may have applied it and the answer been lost: the next
+                # write reads this write's id in the status and decides (UsageLedger.confirm).
+                self._ledger.unanswered(name, write_id, fresh)
 
-    async def _write(self, name: str, delta: Totals) -> None:
+    async def _write(self, name: str, fresh: Totals, write_id: int) -> None:
         view = self._table.session_named(name)
         for _ in range(MAX_FLUSH_ATTEMPTS):
             if view is None:
                 view = self._table.apply_session(
                     await self._kube.get(SESSIONS, name, self._namespace)
                 )
-            patch = status_patch(view.usage, delta, view.resource_version)
+            # Earlier writes without an answer that this status does not show applied.
+            delta = fresh.add(self._ledger.confirm(name, view.usage_writes.get(self._replica)))
+            if delta == Totals():
+                return
+            marks = write_marks(view.usage_writes, self._replica, write_id)
+            patch = status_patch(view.usage, delta, view.resource_version, marks)
             try:
                 obj = await self._kube.patch(SESSIONS, name, patch, self._namespace, status=True)
             except Conflict:
@@ -399,6 +430,7 @@ class Flusher:
                 self._metrics.flushes.labels("conflict").inc()
                 view = None
                 continue
+            self._ledger.confirm(name, write_id)
             self._table.apply_session(obj)
             self._metrics.flushes.labels("written").inc()
             return

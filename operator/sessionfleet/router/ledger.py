@@ -11,11 +11,23 @@ from the status it last observed plus its own delta, with that status's
 another gets a 409, re-reads the object and recomputes, and no replica's turns are lost
 or counted twice.
 
+A write whose answer never came (a timeout, a broken connection, a 5xx) may still
+have been applied. So each write also records, in ``status.usageWrites`` under the
+replica's name, its *write id* (:meth:`UsageLedger.next_write_id`: increasing, the
+Unix time in milliseconds), and the delta of a write without an answer is kept as
+*unconfirmed* under that id instead of being merged back into the pending turns. The
+next write reads the replica's id in the status it is based on: the unconfirmed
+deltas up to that id were applied and are dropped (:meth:`UsageLedger.confirm`), the
+others are written again. Deciding from a stale copy is safe: the write then carries
+a stale ``resourceVersion`` and gets a 409, and the retry decides from a fresh read.
+Only the failure path reads again; a write that was answered costs one PATCH.
+
 Pure: no I/O, and time is passed in (tests use virtual time).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
@@ -29,12 +41,19 @@ __all__ = [
     "UsageLedger",
     "rfc3339",
     "status_patch",
+    "write_marks",
     "turn_totals",
     "usage_figures",
 ]
 
 _EARLIEST: Final = 1e-6
 """A first-turn time before any real turn (0 means none)."""
+WRITE_MARK_TTL: Final = 3600.0
+"""Seconds after which another replica's write id is dropped from ``status.usageWrites``.
+
+A replica reads its own id back at its next flush, seconds after a write without an
+answer; an id an hour old belongs to a replica long gone, and dropping it keeps the map
+from growing with every router pod that ever served the session."""
 
 
 @dataclass(slots=True)
@@ -167,15 +186,35 @@ def usage_figures(total: Totals) -> UsageFigures:
     )
 
 
-def status_patch(observed: Totals, delta: Totals, resource_version: str) -> dict[str, Any]:
+def status_patch(
+    observed: Totals,
+    delta: Totals,
+    resource_version: str,
+    marks: Mapping[str, int | None] | None = None,
+) -> dict[str, Any]:
     """Return the merge patch that adds ``delta`` to the ``observed`` status.
 
     The ``resourceVersion`` makes it conditional: the API server answers 409 when the
-    object changed since it was observed, and the caller re-reads and retries. The
-    ledger decides the figures; :func:`sessionfleet.resources.usage.usage_status_patch`
-    shapes the body from the AgentSession status model.
+    object changed since it was observed, and the caller re-reads and retries. ``marks``
+    (:func:`write_marks`) record which write this is. The ledger decides the figures;
+    :func:`sessionfleet.resources.usage.usage_status_patch` shapes the body from the
+    AgentSession status model.
     """
-    return usage_status_patch(usage_figures(observed.add(delta)), resource_version)
+    return usage_status_patch(usage_figures(observed.add(delta)), resource_version, marks)
+
+
+def write_marks(observed: Mapping[str, int], replica: str, write_id: int) -> dict[str, int | None]:
+    """Return the ``usageWrites`` merge of a write: its id, and null for stale ids of others.
+
+    An id is also the Unix time in milliseconds it was taken at, so ids older than
+    :data:`WRITE_MARK_TTL` are known to be stale from the id alone.
+    """
+    horizon = write_id - WRITE_MARK_TTL * 1000
+    marks: dict[str, int | None] = {
+        name: None for name, other in observed.items() if name != replica and other < horizon
+    }
+    marks[replica] = write_id
+    return marks
 
 
 class UsageLedger:
@@ -188,13 +227,16 @@ class UsageLedger:
         self._pending: dict[str, Totals] = {}
         self._flushed_at: dict[str, float] = {}
         self._urgent: set[str] = set()
+        self._unconfirmed: dict[str, dict[int, Totals]] = {}
+        """Deltas of writes that got no answer, by the id of the write that first carried them."""
+        self._last_write_id = 0
 
     def __len__(self) -> int:
-        return len(self._pending)
+        return len(self._pending.keys() | self._unconfirmed.keys())
 
     def sessions(self) -> list[str]:
-        """Sessions with a delta not yet written."""
-        return list(self._pending)
+        """Sessions with a delta not yet written, or written without an answer."""
+        return list(dict.fromkeys([*self._pending, *self._unconfirmed]))
 
     def pending(self, session: str) -> Totals | None:
         """Return the delta not yet written for ``session``, if any."""
@@ -213,7 +255,7 @@ class UsageLedger:
         At most ``limit`` of them, those that became pending first.
         """
         due: list[str] = []
-        for session in self._pending:
+        for session in self.sessions():
             if (
                 session in self._urgent
                 or now - self._flushed_at.get(session, float("-inf")) >= self.interval
@@ -224,20 +266,63 @@ class UsageLedger:
         return due
 
     def take(self, session: str, now: float) -> Totals | None:
-        """Remove and return a session's delta to write it; counts as a flush at ``now``."""
+        """Remove and return a session's delta to write it; counts as a flush at ``now``.
+
+        None when there is nothing to write; an empty delta when only unconfirmed
+        writes are left to settle (:meth:`confirm`).
+        """
         self._urgent.discard(session)
         delta = self._pending.pop(session, None)
+        if delta is None and session in self._unconfirmed:
+            delta = Totals()
         if delta is not None:
             self._flushed_at[session] = now
         return delta
 
-    def give_back(self, session: str, delta: Totals) -> None:
-        """Return a delta whose write failed; it is merged with turns recorded since."""
-        self.record(session, delta)
+    def next_write_id(self, now: float, after: int | None = None) -> int:
+        """Return a new write id: the Unix time in milliseconds, above every earlier id.
+
+        ``after`` is this replica's id in the status as last seen: a process restarted
+        under the same name (a container restart keeps the pod's name) with a clock set
+        back must still write ids above its predecessor's.
+        """
+        self._last_write_id = max(self._last_write_id + 1, int(now * 1000), (after or 0) + 1)
+        return self._last_write_id
+
+    def unanswered(self, session: str, write_id: int, delta: Totals) -> None:
+        """Keep the delta of a write that got no answer: it may have been applied.
+
+        It is settled by :meth:`confirm` at the session's next write, which is due after
+        the interval as any other.
+        """
+        if delta != Totals():
+            self._unconfirmed.setdefault(session, {})[write_id] = delta
+
+    def confirm(self, session: str, applied: int | None) -> Totals:
+        """Settle unconfirmed writes against ``applied``, the replica's id in a status.
+
+        The writes up to ``applied`` were applied (each write carried every unconfirmed
+        delta before it, and a replica's writes are applied in order, each conditional
+        on the status the one before left): they are dropped. Return the sum of the
+        others, to be written again.
+        """
+        writes = self._unconfirmed.get(session)
+        if not writes:
+            return Totals()
+        if applied is not None:
+            for write_id in [w for w in writes if w <= applied]:
+                del writes[write_id]
+        if not writes:
+            del self._unconfirmed[session]
+        rest = Totals()
+        for delta in writes.values():
+            rest = rest.add(delta)
+        return rest
 
     def forget(self, session: str) -> None:
         """Drop everything about a session (its object was deleted)."""
         self._pending.pop(session, None)
+        self._unconfirmed.pop(session, None)
         self._flushed_at.pop(session, None)
         self._urgent.discard(session)
 
@@ -245,5 +330,5 @@ class UsageLedger:
         """Forget flush times older than an interval: they no longer hold a session back."""
         stale = [s for s, t in self._flushed_at.items() if now - t >= self.interval]
         for session in stale:
-            if session not in self._pending:
+            if session not in self._pending and session not in self._unconfirmed:
                 del self._flushed_at[session]

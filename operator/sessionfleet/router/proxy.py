@@ -49,6 +49,7 @@ from sessionfleet.router.kubesync import Flusher, SessionCreator
 from sessionfleet.router.ledger import UsageLedger, turn_totals
 from sessionfleet.router.limits import IntakeLimits
 from sessionfleet.router.metrics import RouterMetrics
+from sessionfleet.router.requester import FORWARDED_FOR, TrustedProxies, requester_key
 from sessionfleet.router.routing import bound_worker
 
 logger = logging.getLogger("sessionfleet.router")
@@ -100,6 +101,8 @@ class RouterConfig:
     sync_timeout: float = 10.0
     intake: IntakeLimits = field(default_factory=IntakeLimits)
     session_rates: SessionRates = field(default_factory=SessionRates)
+    trusted_proxies: TrustedProxies = field(default_factory=TrustedProxies)
+    """Peers whose X-Forwarded-For names the client a new session counts against."""
 
 
 def _forward_headers(
@@ -270,7 +273,12 @@ class Proxy:
         if not self.table.synced:
             await self._wait_synced(turn)
         if identity is not None:
-            requester = owner if owner is not None else (request.remote or "unknown")
+            requester = requester_key(
+                owner,
+                request.remote,
+                request.headers.getall(FORWARDED_FOR, ()),
+                self.config.trusted_proxies,
+            )
             session, turn.created = await self.creator.ensure(
                 identity, model, owner=owner, requester=requester
             )

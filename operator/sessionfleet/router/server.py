@@ -109,6 +109,7 @@ class Router:
             self.table,
             self.ledger,
             self.metrics,
+            replica=settings.replica,
             writes_per_second=settings.flush_writes_per_second,
         )
         self.supervisor = Supervisor(logger)
