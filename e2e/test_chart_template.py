@@ -905,6 +905,8 @@ def test_router_limits_authentication_and_session_quota() -> None:
         values={
             "router": {
                 "maxInflightBodyBytes": 100_000_000,
+                "maxHeaderBytes": 65536,
+                "maxInflightHeaderBytes": 33_554_432,
                 "idleTimeoutSeconds": 15,
                 "newSessions": {"perClient": 5, "burst": 50},
                 "trustedProxies": ["10.0.0.0/8", "fd00::/8"],
@@ -917,6 +919,8 @@ def test_router_limits_authentication_and_session_quota() -> None:
     args = container(router)["args"]
     for flag in (
         "--max-inflight-body-bytes=100000000",
+        "--max-header-bytes=65536",
+        "--max-inflight-header-bytes=33554432",
         "--idle-timeout=15",
         "--new-sessions-per-client=5",
         "--new-sessions-burst=50",

@@ -462,6 +462,41 @@ def test_slow_clients_are_cut_off_at_the_timeouts(fleet: Fleet) -> None:
     assert 0.5 < answered < 5 and closed < 8
 
 
+def test_hostile_paths_and_oversized_headers_never_reach_the_worker(fleet: Fleet) -> None:
+    import json
+    import socket
+
+    fleet.worker("w1")
+    url, _ = fleet.router("r1", "--max-header-bytes=16384")
+    port = int(url.rsplit(":", 1)[1])
+    body = json.dumps(
+        {"model": MODEL, "messages": opening("hostile paths"), "max_tokens": 4}
+    ).encode()
+
+    def answer(path: str, *extra: str) -> bytes:
+        head = [f"POST {path} HTTP/1.1", "Host: r", f"Content-Length: {len(body)}", *extra]
+        with socket.create_connection(("127.0.0.1", port), timeout=15) as connection:
+            connection.sendall(("\r\n".join(head) + "\r\n\r\n").encode() + body)
+            received = b""
+            while chunk := connection.recv(65536):
+                received += chunk
+                if b"\r\n\r\n" in received and b"}" in received.split(b"\r\n\r\n", 1)[1]:
+                    break
+            return received
+
+    # Before issue 29 these were forwarded byte for byte: the engine answered them.
+    for path in ("/v1/../collective_rpc", "/v1/%2e%2e/sleep", "/v1//chat/completions"):
+        refused = answer(path)
+        assert refused.startswith(b"HTTP/1.1 404"), refused[:200]
+        assert b"X-Sessionfleet-Reason: not_found" in refused
+        assert b"X-Sessionfleet-Worker" not in refused
+    fillers = [f"X-Filler-{i}: " + "a" * 8000 for i in range(3)]
+    too_large = answer("/v1/chat/completions", *fillers)
+    assert too_large.startswith(b"HTTP/1.1 431") and b"headers_too_large" in too_large
+    served = answer("/v1/chat/completions", *fillers[:1])
+    assert served.startswith(b"HTTP/1.1 200") and b"X-Sessionfleet-Worker: w1" in served
+
+
 def test_a_flood_of_new_session_ids_is_limited_and_established_turns_go_on(
     fleet: Fleet,
 ) -> None:

@@ -10,7 +10,12 @@ from typing import TYPE_CHECKING, Any
 
 from sessionfleet.cliargs import non_negative_float, positive_float, positive_int
 from sessionfleet.resources.leases import DEFAULT_SLOTS, LeaseSlots
-from sessionfleet.router.limits import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_INFLIGHT_BODY_BYTES
+from sessionfleet.router.limits import (
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_HEADER_BYTES,
+    DEFAULT_MAX_INFLIGHT_BODY_BYTES,
+    DEFAULT_MAX_INFLIGHT_HEADER_BYTES,
+)
 
 if TYPE_CHECKING:
     from sessionfleet.router.server import RouterSettings
@@ -161,6 +166,19 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
         help="bytes of request bodies held at once, 503 beyond it (default: 192 MiB)",
     )
     limits.add_argument(
+        "--max-header-bytes",
+        type=positive_int,
+        default=DEFAULT_MAX_HEADER_BYTES,
+        help="largest request line and headers together, 431 beyond it (default: 32 KiB)",
+    )
+    limits.add_argument(
+        "--max-inflight-header-bytes",
+        type=positive_int,
+        default=DEFAULT_MAX_INFLIGHT_HEADER_BYTES,
+        help="bytes of request headers held at once (arriving, queued or in progress), "
+        "503 beyond it (default: 16 MiB)",
+    )
+    limits.add_argument(
         "--body-timeout",
         type=positive_float,
         default=30.0,
@@ -251,6 +269,8 @@ def settings_from_args(args: argparse.Namespace) -> RouterSettings:
                 max_body_bytes=args.max_body_bytes,
                 max_inflight_body_bytes=args.max_inflight_body_bytes,
                 body_timeout=args.body_timeout,
+                max_header_bytes=args.max_header_bytes,
+                max_inflight_header_bytes=args.max_inflight_header_bytes,
             ),
             session_rates=SessionRates(
                 per_client=args.new_sessions_per_client,

@@ -30,6 +30,7 @@ status   code                      when
 405      ``method_not_allowed``    not POST (GET for ``/v1/models``)
 409      ``session_finished``      the session is Finished; start a new session id
 413      ``body_too_large``        the body exceeds ``--max-body-bytes``
+431      ``headers_too_large``     the request line and headers exceed ``--max-header-bytes``
 502      ``upstream_unreachable``  the worker refused or dropped the connection
 502      ``upstream_timeout``      the worker did not answer in time
 502      ``upstream_error``        any other failure talking to the worker
@@ -70,6 +71,7 @@ _TYPES: Final = {
     409: "conflict_error",
     413: "invalid_request_error",
     415: "invalid_request_error",
+    431: "invalid_request_error",
     429: "rate_limit_error",
     502: "upstream_error",
     503: "service_unavailable_error",

@@ -16,8 +16,8 @@ bounded before any of it is read:
   pin a socket and its buffer;
 * header values are text (a value that is not valid UTF-8 cannot be forwarded: 400).
 
-Headers themselves are bounded by the HTTP parser (8 KiB a line, 128 headers), and
-their arrival by the server's idle timeout (:mod:`.server`).
+Headers themselves are bounded before this, per request and all requests together
+(:mod:`.heads`), and their arrival by the server's idle timeout (:mod:`.server`).
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ from sessionfleet.router.admission import ApiKeys, NewSessionLimiter
 from sessionfleet.router.bindings import BindingTable
 from sessionfleet.router.errors import REASON_HEADER, RouterError
 from sessionfleet.router.handshake import Acknowledger, LeaseKeeper
+from sessionfleet.router.heads import HeadGuard, bounded_handler, head_limit
 from sessionfleet.router.kubesync import (
     FLUSH_TICK,
     Flusher,
@@ -32,6 +33,7 @@ from sessionfleet.router.kubesync import (
 )
 from sessionfleet.router.ledger import UsageLedger
 from sessionfleet.router.metrics import RouterMetrics
+from sessionfleet.router.paths import SERVED_POSTS, only_served_paths
 from sessionfleet.router.proxy import Proxy, RouterConfig
 from sessionfleet.supervise import EXIT_TASK_FAILED, Supervisor
 
@@ -92,6 +94,7 @@ class Router:
         self.table = BindingTable()
         self.ledger = UsageLedger(settings.flush_interval)
         self.metrics = RouterMetrics(self.table)
+        self.heads = HeadGuard(settings.config.intake, self.metrics.registry)
         self.keys = ApiKeys(settings.api_keys_dir) if settings.api_keys_dir else None
         self.creator = SessionCreator(
             kube,
@@ -117,14 +120,19 @@ class Router:
 
     def app(self) -> web.Application:
         """Return the aiohttp application (the upstream client is created on startup)."""
-        app = web.Application(client_max_size=self.settings.config.intake.max_body_bytes)
+        intake = self.settings.config.intake
+        app = web.Application(
+            client_max_size=intake.max_body_bytes,
+            middlewares=[only_served_paths, head_limit(intake)],
+        )
         app.cleanup_ctx.append(self._lifecycle)
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/readyz", self._readyz)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/v1/models/{model:.+}", self._model)
-        app.router.add_post("/v1/{path:.+}", self._handle)
+        for path in sorted(SERVED_POSTS):
+            app.router.add_post(path, self._handle)
         app.router.add_route("*", "/{path:.*}", self._not_found)
         return app
 
@@ -254,10 +262,12 @@ class _ConnectionLimit:
 
     Beyond ``limit`` open connections a new one is answered 503 at once and closed, so
     that many idle or slow clients cannot hold every socket and buffer of the router.
+    The handler charges the request heads it receives to ``heads`` (:mod:`.heads`).
     """
 
-    def __init__(self, server: web.Server, limit: int, retry_after: int) -> None:
+    def __init__(self, server: web.Server, limit: int, retry_after: int, heads: HeadGuard) -> None:
         self._server = server
+        self._heads = heads
         self._limit = limit
         self._refusal = _refusal(retry_after)
         self.refused = 0
@@ -266,7 +276,7 @@ class _ConnectionLimit:
         if len(self._server.connections) >= self._limit:
             self.refused += 1
             return _Refuse(self._refusal)
-        return self._server()
+        return bounded_handler(self._server, self._heads)
 
 
 def _refusal(retry_after: int) -> bytes:
@@ -306,7 +316,9 @@ async def serve(kube: Kube, settings: RouterSettings, host: str, port: int) -> i
     await runner.setup()
     assert runner.server is not None
     loop = asyncio.get_running_loop()
-    limit = _ConnectionLimit(runner.server, settings.max_connections, settings.config.retry_after)
+    limit = _ConnectionLimit(
+        runner.server, settings.max_connections, settings.config.retry_after, router.heads
+    )
     listener = await loop.create_server(limit, host, port, reuse_address=True, backlog=1024)
     logger.info(
         "router %s serving on http://%s:%d (namespace %s)",
