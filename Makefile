@@ -175,6 +175,14 @@ BENCH_EPP_ARGS ?=
 bench-epp: e2e-tools $(STAMP)
 	$(PY) bench/epp/run.py --out build/bench-epp.json $(BENCH_EPP_ARGS)
 
+# Header floods against a router process (bench/README.md, "Router: header floods"): 500
+# connections holding maximal heads, API keys off and on, the router's resident memory.
+#   make bench-router-heads BENCH_HEADS_ARGS="--source /tmp/old"   (another checkout)
+.PHONY: bench-router-heads
+BENCH_HEADS_ARGS ?=
+bench-router-heads: $(STAMP)
+	$(PY) bench/router/heads.py --out build/bench-router-heads.json $(BENCH_HEADS_ARGS)
+
 # The router's fuzz suite at scale (bench/README.md, "Fuzzing"): 100,000 random cases of
 # raw bytes, hostile headers and mutated bodies; make test runs 5,000 fixed ones.
 #   make bench-fuzz FUZZ_EXAMPLES=300000
