@@ -576,3 +576,101 @@ def test_a_flood_of_new_session_ids_is_limited_and_established_turns_go_on(
     assert limited >= len(statuses) - created
     assert set(statuses) <= {200, 429}
     assert len(during) >= 5
+
+
+def _created_outcomes(url: str) -> dict[str, float]:
+    """Return ``sessionfleet_router_sessions_created_total`` by outcome, from /metrics."""
+    outcomes = {}
+    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
+        if line.startswith("sessionfleet_router_sessions_created_total{"):
+            labels, value = line.rsplit(" ", 1)
+            outcomes[labels.split('outcome="', 1)[1].split('"', 1)[0]] = float(value)
+    return outcomes
+
+
+def test_a_failed_first_turn_never_deletes_a_session_another_replica_serves(
+    fleet: Fleet,
+) -> None:
+    """Issue 29, item 11: replica A's discard knows only its own turns."""
+    fleet.worker("w1", "--decode-ms-per-token=20")
+    # A gives up on a worker silent for 4 s; B waits as long as it takes.
+    url_a, _ = fleet.router("ra", "--read-timeout=4")
+    url_b, router_b = fleet.router("rb")
+
+    def long_turn(url: str, task: str, tokens: int) -> httpx.Response:
+        return httpx.post(
+            f"{url}/v1/chat/completions",
+            json={"model": MODEL, "messages": opening(task), "max_tokens": tokens},
+            headers={"X-Session-Id": "shared-7"},
+            timeout=60,
+        )
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        # A creates the session; its first turn (2,000 tokens at 20 ms) outlasts A's timeout.
+        first = pool.submit(long_turn, url_a, "a long answer", 2000)
+        created = wait_until(
+            lambda: fleet.sessions().get("shared-7"), timeout=20, what="A's AgentSession"
+        )
+        # B serves a turn of the same session (600 tokens: 12 s), in flight when A gives up.
+        served = pool.submit(long_turn, url_b, "go on", 600)
+        assert first.result().status_code == 502  # upstream_timeout: A's turn got no answer
+        outcomes = wait_until(
+            lambda: (o := _created_outcomes(url_a)) and ("kept" in o or "discarded" in o) and o,
+            timeout=20,
+            what="A's decision about the session of its failed first turn",
+        )
+        assert not served.done()  # B's turn was in flight, unwritten, when A decided
+        assert outcomes.get("discarded", 0) == 0, outcomes
+        assert served.result().status_code == 200, served.result().text
+    survivor = fleet.sessions()["shared-7"]
+    assert survivor["metadata"]["uid"] == created["metadata"]["uid"]
+    assert survivor["metadata"]["annotations"]["sessionfleet.dev/served-by"] == "rb"
+    # SIGTERM: B writes its turn's usage (if it has not yet), into the session that survived.
+    assert router_b.stop() == 0
+    status = fleet.sessions()["shared-7"]["status"]
+    assert status["turns"] == 1 and "rb" in status["usageWrites"], status
+
+
+def test_with_api_keys_only_the_owner_ends_or_steers_a_session(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    """Issue 29, item 8: another client that knows the session id reaches a session of its own."""
+    fleet.worker("w1")
+    keys = tmp_path / "api-keys"
+    keys.mkdir()
+    (keys / "alice").write_text("key-alice\n")
+    (keys / "mallory").write_text("key-mallory\n")
+    url, _ = fleet.router("keys", f"--api-keys-dir={keys}")
+    alice = {"Authorization": "Bearer key-alice"}
+    answer = turn(url, opening("build"), "ci-run-9", **alice)
+    assert answer.status_code == 200, answer.text
+    owned = answer.headers["X-Sessionfleet-Session"]
+    for extra in ({}, {"X-Session-Final": "true"}):
+        answer = turn(url, opening("hijack"), "ci-run-9", x_api_key="key-mallory", **extra)
+        assert answer.status_code == 200, answer.text
+        assert answer.headers["X-Sessionfleet-Session"] != owned
+    assert turn(url, opening("build"), "ci-run-9", x_api_key="nope").status_code == 401
+
+    def by_owner() -> dict[str, dict[str, Any]] | None:
+        sessions = {
+            s["metadata"]["labels"]["sessionfleet.dev/owner"]: s
+            for s in fleet.custom.list_namespaced_custom_object(
+                GROUP, VERSION, fleet.namespace, "agentsessions"
+            )["items"]
+        }
+        mallorys = sessions.get("mallory", {})
+        return sessions if mallorys.get("spec", {}).get("finished") else None
+
+    sessions = wait_until(by_owner, timeout=20, what="mallory's own session finished")
+    assert sessions["alice"]["metadata"]["name"] == owned
+    assert not sessions["alice"]["spec"].get("finished")
+    # Alice's session goes on, on its worker; the final marker is hers to send.
+    answer = turn(url, opening("build"), "ci-run-9", **alice, x_session_final="true")
+    assert answer.status_code == 200 and answer.headers["X-Sessionfleet-Session"] == owned
+    wait_until(
+        lambda: fleet.custom.get_namespaced_custom_object(
+            GROUP, VERSION, fleet.namespace, "agentsessions", owned
+        )["spec"].get("finished"),
+        timeout=20,
+        what="alice's session finished by alice",
+    )

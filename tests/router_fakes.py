@@ -145,6 +145,9 @@ class FakeKube:
         wanted = (body.get("metadata") or {}).get("resourceVersion")
         if wanted is not None and wanted != obj["metadata"]["resourceVersion"]:
             raise Conflict(409, "the object has been modified", {"reason": "Conflict"})
+        uid = (body.get("metadata") or {}).get("uid")
+        if uid is not None and uid != obj["metadata"].get("uid"):
+            raise Conflict(409, "Precondition failed: UID in object meta", {"reason": "Conflict"})
         if status:
             merge(obj.setdefault("status", {}), body.get("status") or {})
         else:
@@ -161,6 +164,7 @@ class FakeKube:
         namespace: str | None = None,
         *,
         uid: str | None = None,
+        resource_version: str | None = None,
         **_: Any,
     ) -> dict[str, Any]:
         key = (resource.plural, name)
@@ -168,6 +172,9 @@ class FakeKube:
             raise NotFound(404, f"{name} not found")
         if uid and self.objects[key]["metadata"].get("uid") != uid:
             raise Conflict(409, "Precondition failed: UID in precondition", {"reason": "Conflict"})
+        current = self.objects[key]["metadata"]["resourceVersion"]
+        if resource_version and current != resource_version:
+            raise Conflict(409, "Precondition failed: ResourceVersion", {"reason": "Conflict"})
         obj = self.objects.pop(key)
         self.deletes += 1
         self.revision += 1

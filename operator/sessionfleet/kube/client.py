@@ -299,13 +299,19 @@ class Kube:
         namespace: str | None = None,
         *,
         uid: str | None = None,
+        resource_version: str | None = None,
         grace_period_seconds: int | None = None,
         propagation: str | None = None,
     ) -> dict[str, Any]:
-        """Delete an object; with ``uid``, only that incarnation of the name."""
+        """Delete an object; with ``uid``, only that incarnation of the name.
+
+        With ``resource_version`` too, only if nobody wrote it since that version (409
+        :class:`Conflict` otherwise).
+        """
         options: dict[str, Any] = {"kind": "DeleteOptions", "apiVersion": "v1"}
-        if uid:
-            options["preconditions"] = {"uid": uid}
+        preconditions = {"uid": uid, "resourceVersion": resource_version}
+        if any(preconditions.values()):
+            options["preconditions"] = {k: v for k, v in preconditions.items() if v}
         if grace_period_seconds is not None:
             options["gracePeriodSeconds"] = grace_period_seconds
         if propagation:

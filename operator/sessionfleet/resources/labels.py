@@ -15,7 +15,12 @@ OWNER_LABEL = "sessionfleet.dev/owner"
 """On an AgentSession the router created for an authenticated client: that client."""
 
 CREATED_BY_ANNOTATION = "sessionfleet.dev/created-by"
-"""On an AgentSession: the router replica that created it (for people reading it)."""
+"""On an AgentSession: the router replica that created it. Only that replica may delete it
+after a failed first turn, and only while no other replica has served it."""
+
+SERVED_BY_ANNOTATION = "sessionfleet.dev/served-by"
+"""On an AgentSession another router replica created: a replica that served a turn of it
+before any usage of it was written (it keeps the creator from deleting the session)."""
 
 MANAGED_BY = {"app.kubernetes.io/managed-by": "sessionfleet"}
 

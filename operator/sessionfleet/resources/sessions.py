@@ -2,7 +2,8 @@
 
 * :func:`agent_session`: the object created for a session's first turn;
 * :func:`finished_patch`: the spec patch that marks a session finished;
-* :func:`acknowledgement_patch`: a replica's acknowledgement of a migration.
+* :func:`acknowledgement_patch`: a replica's acknowledgement of a migration;
+* :func:`served_by_patch`: a replica's claim on a session another replica created.
 
 The usage status patch is in :mod:`.usage`.
 """
@@ -15,7 +16,11 @@ from pydantic import BaseModel
 
 from sessionfleet.api import AgentSession, AgentSessionSpec
 from sessionfleet.api._common import ObjectMeta
-from sessionfleet.resources.labels import CREATED_BY_ANNOTATION, OWNER_LABEL
+from sessionfleet.resources.labels import (
+    CREATED_BY_ANNOTATION,
+    OWNER_LABEL,
+    SERVED_BY_ANNOTATION,
+)
 
 
 def agent_session(
@@ -61,6 +66,17 @@ def acknowledgement_patch(key: str, since: str) -> dict[str, Any]:
     ``since``, has no turn in flight through it (``key`` is ``ack.sessionfleet.dev/<replica>``).
     """
     meta = ObjectMeta(annotations={key: since})
+    return {"metadata": meta.model_dump(by_alias=True, mode="json", exclude_unset=True)}
+
+
+def served_by_patch(replica: str, uid: str) -> dict[str, Any]:
+    """Return the merge patch by which ``replica`` claims the session of ``uid`` before serving it.
+
+    The uid makes it fail on another incarnation of the name (the API server refuses a
+    patch whose ``metadata.uid`` differs), so a claim never lands on a session created
+    after the one the replica saw was deleted.
+    """
+    meta = ObjectMeta(uid=uid, annotations={SERVED_BY_ANNOTATION: replica})
     return {"metadata": meta.model_dump(by_alias=True, mode="json", exclude_unset=True)}
 
 

@@ -25,7 +25,11 @@ from typing import Any, Final
 
 from sessionfleet.api import SessionPhase, WorkerPhase
 from sessionfleet.policy.placement import WorkerLoad
-from sessionfleet.resources.labels import OWNER_LABEL
+from sessionfleet.resources.labels import (
+    CREATED_BY_ANNOTATION,
+    OWNER_LABEL,
+    SERVED_BY_ANNOTATION,
+)
 from sessionfleet.router.ledger import Totals
 
 SERVING_PHASES: Final = frozenset({WorkerPhase.READY.value, WorkerPhase.DRAINING.value})
@@ -99,6 +103,10 @@ class SessionView:
     uid: str = ""
     usage_writes: dict[str, int] = field(default_factory=dict)
     """``status.usageWrites``: each replica's last applied usage write (:mod:`.ledger`)."""
+    created_by: str | None = None
+    """The router replica that created it (None: created otherwise, kubectl say)."""
+    served_by: str | None = None
+    """A replica other than its creator that claimed it before serving a turn of it."""
 
     @property
     def pins_worker(self) -> bool:
@@ -134,6 +142,8 @@ class SessionView:
                 for k, v in (status.get("usageWrites") or {}).items()
                 if isinstance(v, int) and not isinstance(v, bool)
             },
+            created_by=(meta.get("annotations") or {}).get(CREATED_BY_ANNOTATION),
+            served_by=(meta.get("annotations") or {}).get(SERVED_BY_ANNOTATION),
         )
 
 

@@ -5,7 +5,9 @@
 * :class:`SessionCreator` records a new session: it places it with the shared
   placement function, creates the AgentSession with that choice as ``workerHint`` and,
   when another replica created it first (409), adopts the existing binding. This is
-  the only API call a turn can wait for, and only a session's first turn does;
+  the only API call a turn can wait for, and only a session's first turn does — and,
+  once per replica, the first turn of a session another replica created that no usage
+  write shows served yet (the claim, :func:`must_claim`);
 * :class:`Flusher` writes each session's pending usage at most once per interval, as a
   conditional merge patch of the status that records the write's id (see :mod:`.ledger`:
   a write whose answer was lost is settled from the status, never counted twice), and
@@ -38,7 +40,7 @@ from sessionfleet.kube import (
 )
 from sessionfleet.policy.placement import PlacementRequest, place
 from sessionfleet.resources.names import label_value
-from sessionfleet.resources.sessions import agent_session, finished_patch
+from sessionfleet.resources.sessions import agent_session, finished_patch, served_by_patch
 from sessionfleet.router.admission import NewSessionLimiter, SessionRates
 from sessionfleet.router.bindings import BindingTable, SessionView
 from sessionfleet.router.errors import RouterError
@@ -49,6 +51,8 @@ from sessionfleet.router.metrics import RouterMetrics
 logger = logging.getLogger("sessionfleet.router")
 
 MAX_FLUSH_ATTEMPTS: Final = 4
+MAX_DISCARD_ATTEMPTS: Final = 3
+"""Conditional deletes of an abandoned session, each after a re-read on 409, before keeping it."""
 FLUSH_TICK: Final = 0.25
 """Seconds between two looks at which sessions are due for a usage write."""
 
@@ -92,7 +96,9 @@ class SessionCreator:
     the client), and an object is used for an id only when its name, ``sessionId`` and
     owner label all match: an AgentSession someone else created never routes a
     client's turns. New sessions are rate limited (:class:`NewSessionLimiter`); a
-    session whose first turn got no answer is deleted again (:meth:`discard`).
+    session whose first turn got no answer is deleted again (:meth:`discard`) unless
+    another replica has served it, which that replica makes visible before serving
+    (:func:`must_claim`).
     """
 
     def __init__(
@@ -116,6 +122,8 @@ class SessionCreator:
         self._retry_after = retry_after
         self._limiter = limiter or NewSessionLimiter(SessionRates(0, 0, 0, 0))
         self._creating: dict[str, asyncio.Future[SessionView]] = {}
+        self._discarding: dict[str, asyncio.Event] = {}
+        """Sessions this replica is deleting: a new turn of one waits for the outcome."""
         self._tasks: set[asyncio.Task[None]] = set()
 
     def _owned(self, view: SessionView, identity: Identity, owner: str | None) -> SessionView:
@@ -148,9 +156,19 @@ class SessionCreator:
         placement keeps it while it has room.
         """
         name = session_object_name(identity.session_id, owner)
+        while (discarding := self._discarding.get(name)) is not None:
+            await discarding.wait()
         known = self._table.session_named(name)
         if known is not None:
-            return self._owned(known, identity, owner), False
+            view = self._owned(known, identity, owner)
+            if not must_claim(view, self._replica):
+                return view, False
+            claimed = await self._claim(view)
+            if claimed is not None:
+                return claimed, False
+            # Its creator deleted it (a failed first turn) since this replica saw it:
+            # this turn starts the session anew.
+            self._table.remove_session(name)
         pending = self._creating.get(name)
         if pending is not None:
             return await asyncio.shield(pending), False
@@ -226,41 +244,142 @@ class SessionCreator:
             ) from error
         except (TimeoutError, KubeError) as error:
             logger.warning("cannot record session %s: %s", identity.session_id, error)
-            raise RouterError(
-                503,
-                "api_unavailable",
-                f"the new session could not be recorded in the Kubernetes API: {error}",
-                retry_after=self._retry_after,
-            ) from error
+            raise self._unavailable("the new session could not be recorded", error) from error
         self._owned(SessionView.from_object(obj), identity, owner)
         self._metrics.sessions_created.labels("created" if created else "adopted").inc()
-        return self._table.apply_session(obj), created
+        view = self._table.apply_session(obj)
+        if not created and must_claim(view, self._replica):
+            claimed = await self._claim(view)
+            if claimed is None:
+                raise RouterError(
+                    503,
+                    "session_held",
+                    f"session {identity.session_id} was deleted by the replica that created "
+                    "it while this turn was routed",
+                    retry_after=1,
+                )
+            view = claimed
+        return view, created
+
+    async def _claim(self, view: SessionView) -> SessionView | None:
+        """Record that this replica serves ``view`` before it does; None if it is gone.
+
+        The creator deletes a session whose first turn failed only if its delete's
+        resourceVersion precondition holds: this write lands first (and the delete gets
+        409, or sees the claim) or after the delete (404: the session is gone).
+        """
+        try:
+            async with asyncio.timeout(self._timeout):
+                obj = await self._kube.patch(
+                    SESSIONS, view.name, served_by_patch(self._replica, view.uid), self._namespace
+                )
+        except (NotFound, Conflict, Invalid):
+            return None  # deleted, or another incarnation of the name (its uid differs)
+        except (TimeoutError, KubeError) as error:
+            logger.warning("cannot claim session %s: %s", view.name, error)
+            raise self._unavailable("the session could not be claimed", error) from error
+        self._metrics.sessions_created.labels("claimed").inc()
+        return self._table.apply_session(obj)
+
+    def _unavailable(self, what: str, error: BaseException) -> RouterError:
+        return RouterError(
+            503,
+            "api_unavailable",
+            f"{what} in the Kubernetes API: {error}",
+            retry_after=self._retry_after,
+        )
 
     def discard(self, session: SessionView, *, busy: Mapping[str, int]) -> None:
         """Delete, in the background, a session this router created whose first turn failed.
 
-        Kept when any turn of it is in flight (``busy``) or was answered: then it is a
-        session, not an abandoned attempt.
+        Kept when any turn of it is in flight here (``busy``), or another replica shows
+        having served it (:func:`may_discard`): then it is a session, not an abandoned
+        attempt. The delete is conditional on the uid and resourceVersion it was decided
+        on, so a claim or usage write that landed since makes it fail (409); it is then
+        decided again on a fresh read.
         """
         current = self._table.session_named(session.name)
         if current is None or current.uid != session.uid or busy.get(session.name):
             return
-        if current.usage.turns:
+        if current.name in self._discarding:
             return
-        task = asyncio.get_running_loop().create_task(self._delete(current))
+        done = self._discarding[current.name] = asyncio.Event()
+        task = asyncio.get_running_loop().create_task(self._delete(current, done))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _delete(self, session: SessionView) -> None:
+    async def _delete(self, session: SessionView, done: asyncio.Event) -> None:
         try:
-            await self._kube.delete(SESSIONS, session.name, self._namespace, uid=session.uid)
-        except NotFound:
-            return
-        except KubeError as error:  # a Conflict: it is another incarnation now
-            logger.warning("cannot delete abandoned session %s: %s", session.name, error)
-            return
-        self._metrics.sessions_created.labels("discarded").inc()
-        self._table.remove_session(session.name)
+            outcome = await self._delete_unserved(session)
+        finally:
+            del self._discarding[session.name]
+            done.set()
+        self._metrics.sessions_created.labels(outcome).inc()
+        if outcome == "discarded":
+            self._table.remove_session(session.name)
+
+    async def _delete_unserved(self, session: SessionView) -> str:
+        """Delete ``session`` if nobody else served it; return ``discarded`` or ``kept``."""
+        view = session
+        for _ in range(MAX_DISCARD_ATTEMPTS):
+            if not may_discard(view):
+                return "kept"
+            try:
+                await self._kube.delete(
+                    SESSIONS,
+                    view.name,
+                    self._namespace,
+                    uid=view.uid,
+                    resource_version=view.resource_version,
+                )
+                return "discarded"
+            except NotFound:
+                return "discarded"
+            except Conflict:
+                # Written since ``view`` (the operator's bind, another replica's claim or
+                # usage), or another incarnation: decide again on what it is now.
+                try:
+                    view = SessionView.from_object(
+                        await self._kube.get(SESSIONS, view.name, self._namespace)
+                    )
+                except NotFound:
+                    return "discarded"
+                except KubeError as error:
+                    logger.warning("cannot re-read abandoned session %s: %s", view.name, error)
+                    return "kept"
+                if view.uid != session.uid:
+                    return "kept"
+            except KubeError as error:
+                logger.warning("cannot delete abandoned session %s: %s", view.name, error)
+                return "kept"
+        return "kept"
+
+
+def must_claim(view: SessionView, replica: str) -> bool:
+    """Whether ``replica`` must claim a session before it serves a turn of it.
+
+    A session's creator deletes it after a failed first turn unless something shows
+    that another replica served it (:func:`may_discard`). A usage write shows it, but
+    only after the turn: a replica serving a turn of a session another replica created,
+    while nothing shows yet, writes its claim first. Sessions not created by a router
+    replica (``created_by`` None: kubectl, say) are never deleted by one.
+    """
+    created_by = view.created_by
+    return (
+        created_by is not None
+        and created_by != replica
+        and not view.usage.turns
+        and not view.usage_writes
+        and view.served_by is None
+    )
+
+
+def may_discard(view: SessionView) -> bool:
+    """Whether a session whose first turn failed here may be deleted, as ``view`` shows it.
+
+    Not once any turn of it was counted, any usage written, or another replica claimed it.
+    """
+    return not view.usage.turns and not view.usage_writes and view.served_by is None
 
 
 def owner_label(owner: str | None) -> str | None:
