@@ -184,3 +184,36 @@ def one_vllm_lane_at_a_time() -> Iterator[float]:
     root.mkdir(parents=True, exist_ok=True)
     with exclusive(root / "e2e-lane.lock", timeout=VLLM_LANE_WAIT) as waited:
         yield waited
+
+
+def namespace_admission_policy(
+    name: str, namespace: str, rule: dict[str, Any], validations: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """A ValidatingAdmissionPolicy and its Deny binding, for requests in one namespace only.
+
+    ``rule`` is one of its ``matchConstraints.resourceRules``; apply both with
+    ``kubectl apply`` (they are cluster-scoped: delete them when done).
+    """
+    policy = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": name},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {"resourceRules": [rule]},
+            "validations": validations,
+        },
+    }
+    binding = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": name},
+        "spec": {
+            "policyName": name,
+            "validationActions": ["Deny"],
+            "matchResources": {
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
+            },
+        },
+    }
+    return [policy, binding]

@@ -98,6 +98,14 @@ class OperatorProcess:
         except subprocess.TimeoutExpired:
             self.kill()
 
+    def role(self) -> str | None:
+        """The replica's role from its readiness answer (leader, standby), if it answers."""
+        try:
+            answer = httpx.get(f"http://127.0.0.1:{self.health_port}/readyz", timeout=2)
+        except httpx.HTTPError:
+            return None
+        return str(answer.json().get("role")) if answer.status_code == 200 else None
+
     def metrics(self) -> str:
         """The operator's /metrics text."""
         return httpx.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).text

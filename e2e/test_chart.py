@@ -19,6 +19,7 @@ operator and router processes run here with the ServiceAccounts' credentials.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import os
@@ -49,7 +50,10 @@ from e2e.operator import (
     session,
     sim_worker,
 )
-from sessionfleet.kube import KubeConfig
+from sessionfleet.controllers.config import OperatorConfig
+from sessionfleet.controllers.fleet import Fleet
+from sessionfleet.controllers.provenance import checkpoint_key
+from sessionfleet.kube import Kube, KubeConfig
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -135,6 +139,20 @@ def container_args(apps: Any, namespace: str, deployment: str) -> list[str]:
     """The arguments of a chart Deployment's first container, as the API server holds them."""
     body = apps.read_namespaced_deployment(deployment, namespace)
     return list(body.spec.template.spec.containers[0].args)
+
+
+async def checkpoint_key_as(config: Path, namespace: str, name: str) -> bytes:
+    """The operator's checkpoint key, fetched (created if missing) with ``config``'s token."""
+    kube = Kube(KubeConfig.load(str(config)), timeout=10.0)
+    try:
+        fleet = Fleet(
+            config=OperatorConfig(checkpoint_key_secret=(namespace, name)),
+            kube=kube,
+            http=None,  # type: ignore[arg-type]
+        )
+        return await checkpoint_key(fleet)
+    finally:
+        await kube.aclose()
 
 
 def can_i(kubectl: Kubectl, subject: str, *args: str) -> bool:
@@ -707,8 +725,26 @@ def test_operator_and_router_run_with_the_charts_service_accounts(
         operator_args = container_args(client.AppsV1Api(api), namespace, operator_sa)
         engine_peers = [a for a in operator_args if a.startswith("--engine-peers=")]
         assert len(engine_peers) == 1, operator_args
+        # The checkpoint key (docs/checkpoints.md, Provenance): the operator may create
+        # Secrets (a create cannot be scoped by name) but read only its key.
+        key_name = f"{release}-sessionfleet-checkpoint-key"
+        key_secret = f"--checkpoint-key-secret={namespace}/{key_name}"
+        assert key_secret in operator_args, operator_args
+        assert can_i(kubectl, as_operator, "get", f"secrets/{key_name}", ns)
+        assert can_i(kubectl, as_operator, "create", "secrets", ns)
+        assert not can_i(kubectl, as_operator, "get", "secrets/other", ns)
+        assert not can_i(kubectl, as_router, "get", f"secrets/{key_name}", ns)
+        # With the operator's token alone, its code creates the key, then reads it back.
+        created_key = asyncio.run(checkpoint_key_as(operator_config, namespace, key_name))
+        assert asyncio.run(checkpoint_key_as(operator_config, namespace, key_name)) == created_key
+        assert len(created_key) == 32
         operator = OperatorProcess(
-            operator_config, namespace, tmp_path, f"--leader-election-id={lease}", *engine_peers
+            operator_config,
+            namespace,
+            tmp_path,
+            f"--leader-election-id={lease}",
+            key_secret,
+            *engine_peers,
         )
         operator.start()
         # The router picks its free port once the operator holds both of its own.

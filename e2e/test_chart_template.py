@@ -268,6 +268,7 @@ def test_operator_deployment_two_replicas_rolling_update_probes_and_flags() -> N
         "--session-writes=16",
         "--scrape-interval=15",
         f"--sim-image={IMAGE}",
+        "--checkpoint-key-secret=sf/rel-sessionfleet-checkpoint-key",
         engine_peers_arg("operator", "router"),
         *LEADER_ELECTION_ARGS,
     ]
@@ -421,8 +422,10 @@ def test_one_replica_without_leader_election_recreates_and_has_no_lease() -> Non
     assert not [
         a for a in args if a.startswith(("--leader-elect", "--lease-", "--renew-", "--retry-"))
     ]
-    assert set(by_kind(objects, "Role")) == {"rel-sessionfleet-router"}
-    assert set(by_kind(objects, "RoleBinding")) == {"rel-sessionfleet-router"}
+    # The checkpoint key's Role stays: one replica restarted must know its own checkpoints.
+    roles = {"rel-sessionfleet-router", "rel-sessionfleet-operator-key"}
+    assert set(by_kind(objects, "Role")) == roles
+    assert set(by_kind(objects, "RoleBinding")) == roles
     assert by_kind(objects, "PodDisruptionBudget") == {}
 
 
@@ -475,6 +478,7 @@ def test_operator_values_map_to_its_flags() -> None:
         "--scrape-interval=30",
         "--sim-image=registry.example.com/sim:1",
         "--vllm-image=registry.example.com/vllm:1",
+        "--checkpoint-key-secret=sf/rel-sessionfleet-checkpoint-key",
         engine_peers_arg("operator", "router"),
         *LEADER_ELECTION_ARGS,
         "--verbose",
@@ -571,11 +575,41 @@ def test_cluster_wide_operator_gets_exactly_its_rules() -> None:
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": "rel-sessionfleet-operator", "namespace": "sf"}
     ]
-    # The only namespaced Roles by default are the router's and the operator's Lease's.
+    # The only namespaced Roles by default are the router's, the operator's Lease's and
+    # the operator's checkpoint key's.
     assert set(by_kind(objects, "Role")) == {
         "rel-sessionfleet-router",
         "rel-sessionfleet-operator-leader",
+        "rel-sessionfleet-operator-key",
     }
+
+
+def test_the_operator_may_read_only_its_checkpoint_key_secret() -> None:
+    objects = render(values={"operator": {"shards": SHARDS}})
+    role = by_kind(objects, "Role")["rel-sessionfleet-operator-key"]
+    assert role["metadata"]["namespace"] == "sf"
+    # A create cannot be scoped by name; reads are, to the one Secret every shard shares.
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
+        {
+            "apiGroups": [""],
+            "resources": ["secrets"],
+            "resourceNames": ["rel-sessionfleet-checkpoint-key"],
+            "verbs": ["get"],
+        },
+    ]
+    binding = by_kind(objects, "RoleBinding")["rel-sessionfleet-operator-key"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "rel-sessionfleet-operator", "namespace": "sf"}
+    ]
+    for operator in operator_deployments(objects).values():
+        args = container(operator)["args"]
+        assert "--checkpoint-key-secret=sf/rel-sessionfleet-checkpoint-key" in args
+    # No other Role or ClusterRole of the operator touches Secrets.
+    for kind in ("Role", "ClusterRole"):
+        for name, other in by_kind(objects, kind).items():
+            if name.startswith("rel-sessionfleet-operator") and name != role["metadata"]["name"]:
+                assert not [r for r in rules(other) if r[1] == "secrets"], name
 
 
 def test_watch_namespaces_moves_the_operators_rules_into_roles() -> None:
@@ -754,7 +788,8 @@ def test_shards_put_the_operators_roles_in_their_namespaces_and_nowhere_else() -
     }
     # Besides the Lease's Role, the operator's Role in each shard namespace, no other.
     assert set(roles) == {(namespace, operator) for namespace in served} | {
-        ("sf", f"{operator}-leader")
+        ("sf", f"{operator}-leader"),
+        ("sf", f"{operator}-key"),
     }
     for namespace in served:
         assert rules(roles[(namespace, operator)]) == OPERATOR_NAMESPACED
@@ -1602,10 +1637,9 @@ def test_the_operator_fences_engines_with_the_charts_peers() -> None:
     sharded_args = container(by_kind(sharded, "Deployment")["rel-sessionfleet-operator-a"])["args"]
     assert engine_peers_arg("operator", "router") in sharded_args
     for role in by_kind(sharded, "Role").values():
-        if (
-            role["metadata"]["name"].startswith("rel-sessionfleet-operator")
-            and "leader" not in role["metadata"]["name"]
-        ):
+        if role["metadata"]["name"].startswith("rel-sessionfleet-operator") and not role[
+            "metadata"
+        ]["name"].endswith(("-leader", "-key")):
             assert ("networking.k8s.io", "networkpolicies", "patch") in rules(role)
     # Off: no flag, and the operator may only read NetworkPolicies (its index).
     off = render("networkPolicy.workers.enabled=false")

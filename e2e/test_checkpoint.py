@@ -7,7 +7,9 @@ their answers shows what was saved and restored.
 
 from __future__ import annotations
 
+import json
 import os
+import secrets
 import signal
 import time
 from datetime import UTC, datetime
@@ -18,9 +20,11 @@ import httpx
 import pytest
 from kubernetes import client
 
-from e2e.helpers import Kubectl, wait_until
-from e2e.localcluster import container_id_pid
+from e2e.helpers import Kubectl, namespace_admission_policy, wait_until
+from e2e.localcluster import LocalCluster, container_id_pid
 from e2e.operator import (
+    GROUP,
+    VERSION,
     Custom,
     OperatorProcess,
     Process,
@@ -36,6 +40,7 @@ from e2e.operator import (
     wait_for,
     worker_pods,
 )
+from sessionfleet.resources.labels import PROVENANCE_ANNOTATION
 from sessionfleet.resources.names import session_object_name
 
 pytestmark = pytest.mark.timeout(240)
@@ -324,18 +329,19 @@ def test_a_drain_through_two_real_routers_moves_the_session_between_turns(
             router.stop()
 
 
-def test_migration_scope_worker_moves_the_whole_worker_and_its_sessions_follow(
-    operator: OperatorProcess,
+def whole_worker_with_a_session(
     crs: Custom,
-    core: Any,
     namespace: str,
     own_nodes: list[str],
     kubectl: Kubectl,
-    tmp_path: Path,
-) -> None:
+    storage: Path,
+    operator: OperatorProcess,
+) -> tuple[list[dict[str, str]], dict[str, Any]]:
+    """Worker w Ready on the first own node under a Worker-scope Migrate DrainPolicy, and
+    session s0 bound to it after a few turns; return its history and the last answer."""
     crs.create(drain_policy("whole", mode="Migrate", migrationScope="Worker", deadline="5m"))
     kubectl("cordon", own_nodes[1])
-    crs.create(on_own_nodes(checkpointed_worker("w", tmp_path), namespace))
+    crs.create(on_own_nodes(checkpointed_worker("w", storage), namespace))
     ready_workers(crs, 1, operator)
     assert crs.status("inferenceworkers", "w")["node"] == own_nodes[0]
     kubectl("uncordon", own_nodes[1])
@@ -345,6 +351,21 @@ def test_migration_scope_worker_moves_the_whole_worker_and_its_sessions_follow(
     history = [{"role": "system", "content": SYSTEM}]
     for step in range(8):
         last = turn(endpoint, "id-s0", history, f"turn {step}")
+    return history, last
+
+
+def test_migration_scope_worker_moves_the_whole_worker_and_its_sessions_follow(
+    operator: OperatorProcess,
+    crs: Custom,
+    core: Any,
+    namespace: str,
+    own_nodes: list[str],
+    kubectl: Kubectl,
+    tmp_path: Path,
+) -> None:
+    history, last = whole_worker_with_a_session(
+        crs, namespace, own_nodes, kubectl, tmp_path, operator
+    )
 
     kubectl("cordon", own_nodes[0])
     wait_for(
@@ -371,3 +392,155 @@ def test_migration_scope_worker_moves_the_whole_worker_and_its_sessions_follow(
     )
     after = turn(status["endpoint"], "id-s0", history, "the next turn")
     assert cached(after) >= last["usage"]["prompt_tokens"] - 32, after["usage"]
+
+
+def hold_checkpoint_starts(namespace: str) -> list[dict[str, Any]]:
+    """A ValidatingAdmissionPolicy refusing every status write of the namespace's checkpoints.
+
+    With it in force, the leader can create a drain's checkpoint but not mark it Running:
+    the checkpoint stays not yet started for as long as the test wants, without racing
+    the operator to a signal.
+    """
+    return namespace_admission_policy(
+        f"e2e-hold-checkpoints-{secrets.token_hex(3)}",
+        namespace,
+        {
+            "apiGroups": ["sessionfleet.dev"],
+            "apiVersions": ["*"],
+            "operations": ["UPDATE"],
+            "resources": ["workercheckpoints/status"],
+        },
+        [{"expression": "false", "message": "held by the test"}],
+    )
+
+
+def status_write_refused(crs: Custom, name: str) -> bool:
+    try:
+        crs.api.patch_namespaced_custom_object_status(
+            GROUP, VERSION, crs.namespace, "workercheckpoints", name, {"status": {}}
+        )
+    except client.ApiException as error:
+        return "held by the test" in str(error.body)
+    return False
+
+
+def test_a_drain_checkpoint_survives_a_failover_before_it_starts(
+    cluster: LocalCluster,
+    crds_installed: None,
+    crs: Custom,
+    namespace: str,
+    own_nodes: list[str],
+    kubectl: Kubectl,
+    tmp_path: Path,
+) -> None:
+    """Leader A creates the drain's checkpoint and dies; leader B runs it and the drain ends.
+
+    The checkpoint's signed provenance annotation, not A's memory, tells B that the
+    operator created it. A user's checkpoint carrying that annotation is still refused.
+    """
+    policy, binding = hold_checkpoint_starts(namespace)
+    apply = json.dumps({"apiVersion": "v1", "kind": "List", "items": [policy, binding]})
+    kubectl("apply", "-f", "-", input=apply)
+    replicas = [
+        OperatorProcess(cluster.kubeconfig, namespace, tmp_path / name) for name in ("a", "b")
+    ]
+    try:
+        # A checkpoint of no worker, which no operator looks at: a probe of the policy.
+        crs.create(
+            {
+                "apiVersion": f"{GROUP}/{VERSION}",
+                "kind": "WorkerCheckpoint",
+                "metadata": {"name": "probe"},
+                "spec": {"worker": "nobody"},
+            }
+        )
+        wait_until(lambda: status_write_refused(crs, "probe"), timeout=30, what="policy in force")
+        leader, standby = replicas
+        for replica in replicas:
+            replica.log_path.parent.mkdir(parents=True)
+        leader.start()
+        (tmp_path / "storage").mkdir()
+        # Only a leader makes a worker Ready: the first replica leads.
+        history, last = whole_worker_with_a_session(
+            crs, namespace, own_nodes, kubectl, tmp_path / "storage", leader
+        )
+        standby.start()
+        wait_until(
+            lambda: standby.role() == "standby", timeout=30, what="the second replica stands by"
+        )
+
+        kubectl("cordon", own_nodes[0])
+
+        def drain_checkpoints() -> list[dict[str, Any]]:
+            return [c for c in crs.list("workercheckpoints") if c["spec"]["reason"] == "Drain"]
+
+        (created,) = wait_for(leader, drain_checkpoints, timeout=30, what="A's drain checkpoint")
+        # A tried to start it and could not: it is the operator's, signed, and not started.
+        assert PROVENANCE_ANNOTATION in created["metadata"]["annotations"]
+        assert not created.get("status", {}).get("phase"), created
+        leader.kill()
+        kubectl("delete", "validatingadmissionpolicybinding", binding["metadata"]["name"])
+
+        wait_for(
+            standby,
+            lambda: (
+                crs.status("inferenceworkers", "w").get("node") == own_nodes[1]
+                and crs.status("inferenceworkers", "w").get("phase") == "Ready"
+            ),
+            timeout=90,
+            what="B moved the worker to the other node",
+        )
+        # B ran A's checkpoint, the same object, and restored the new epoch from it.
+        drains = drain_checkpoints()
+        assert [c["metadata"]["uid"] for c in drains] == [created["metadata"]["uid"]], [
+            (c["metadata"]["name"], c.get("status")) for c in drains
+        ]
+        ran = drains[0]
+        assert ran["status"]["phase"] == "Succeeded", ran["status"]
+        status = crs.status("inferenceworkers", "w")
+        assert status["epoch"] == 2 and status["restoreCount"] == 1
+        wait_until(
+            lambda: crs.status("agentsessions", "s0").get("epoch") == 2,
+            timeout=30,
+            what="the session follows its worker",
+        )
+        after = turn(status["endpoint"], "id-s0", history, "the next turn")
+        assert cached(after) >= last["usage"]["prompt_tokens"] - 32, after["usage"]
+
+        # A user copies the genuine annotation onto a Drain checkpoint of their own.
+        crs.create(
+            {
+                "apiVersion": f"{GROUP}/{VERSION}",
+                "kind": "WorkerCheckpoint",
+                "metadata": {
+                    "name": "copied",
+                    "annotations": {
+                        PROVENANCE_ANNOTATION: created["metadata"]["annotations"][
+                            PROVENANCE_ANNOTATION
+                        ]
+                    },
+                },
+                "spec": {"worker": "w", "reason": "Drain"},
+            }
+        )
+        refused = wait_for(
+            standby,
+            lambda: (
+                crs.status("workercheckpoints", "copied").get("phase") == "Failed"
+                and crs.status("workercheckpoints", "copied")
+            ),
+            timeout=30,
+            what="the copied checkpoint refused",
+        )
+        valid = condition(refused, "Valid")
+        assert (valid["status"], valid["reason"]) == ("False", "ReservedCheckpointReason")
+        assert "does not match" in valid["message"], valid
+        assert not refused.get("startedAt") and not refused.get("location"), refused
+    finally:
+        for replica in replicas:
+            replica.stop()
+        for kind, body in (
+            ("validatingadmissionpolicybinding", binding),
+            ("validatingadmissionpolicy", policy),
+        ):
+            kubectl("delete", kind, body["metadata"]["name"], "--ignore-not-found")

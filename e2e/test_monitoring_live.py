@@ -31,7 +31,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from e2e.helpers import Kubectl, wait_until
+from e2e.helpers import Kubectl, namespace_admission_policy, wait_until
 from e2e.localcluster import LocalCluster
 from e2e.operator import (
     SESSIONFLEET,
@@ -123,50 +123,30 @@ def refuse_events_about(kubectl: Kubectl, namespace: str) -> Iterator[Callable[[
 
     def refuse(regarding: str) -> None:
         nonlocal applied
-        policy = {
-            "apiVersion": "admissionregistration.k8s.io/v1",
-            "kind": "ValidatingAdmissionPolicy",
-            "metadata": {"name": name},
-            "spec": {
-                "failurePolicy": "Fail",
-                "matchConstraints": {
-                    "resourceRules": [
-                        {
-                            "apiGroups": ["events.k8s.io"],
-                            "apiVersions": ["*"],
-                            "operations": ["CREATE"],
-                            "resources": ["events"],
-                        }
-                    ]
-                },
-                "validations": [
-                    {
-                        "expression": (
-                            f"!has(object.regarding) || object.regarding.name != '{regarding}'"
-                        ),
-                        "message": f"events about {regarding} are refused here",
-                    }
-                ],
+        documents = namespace_admission_policy(
+            name,
+            namespace,
+            {
+                "apiGroups": ["events.k8s.io"],
+                "apiVersions": ["*"],
+                "operations": ["CREATE"],
+                "resources": ["events"],
             },
-        }
-        binding = {
-            "apiVersion": "admissionregistration.k8s.io/v1",
-            "kind": "ValidatingAdmissionPolicyBinding",
-            "metadata": {"name": name},
-            "spec": {
-                "policyName": name,
-                "validationActions": ["Deny"],
-                "matchResources": {
-                    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
-                },
-            },
-        }
+            [
+                {
+                    "expression": (
+                        f"!has(object.regarding) || object.regarding.name != '{regarding}'"
+                    ),
+                    "message": f"events about {regarding} are refused here",
+                }
+            ],
+        )
         applied = True
         kubectl(
             "apply",
             "-f",
             "-",
-            input=json.dumps({"kind": "List", "apiVersion": "v1", "items": [policy, binding]}),
+            input=json.dumps({"kind": "List", "apiVersion": "v1", "items": documents}),
         )
 
         def refused() -> bool:

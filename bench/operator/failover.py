@@ -37,7 +37,6 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 sys.path.append(str(REPO))  # appended: the root's operator/ must not hide the stdlib's
 
-import httpx  # noqa: E402
 from kubernetes import client, watch  # noqa: E402
 
 from e2e.helpers import wait_established, wait_until  # noqa: E402
@@ -46,15 +45,6 @@ from e2e.operator import GROUP, VERSION, OperatorProcess, session, sim_worker  #
 
 NAMESPACE = f"bench-failover-{secrets.token_hex(3)}"
 CRDS_DIR = REPO / "crds"
-
-
-def role(replica: OperatorProcess) -> str | None:
-    """The replica's role from its readiness answer, or None if it does not answer."""
-    try:
-        answer = httpx.get(f"http://127.0.0.1:{replica.health_port}/readyz", timeout=2)
-    except httpx.HTTPError:
-        return None
-    return str(answer.json().get("role")) if answer.status_code == 200 else None
 
 
 def lease_holder(coordination: Any, name: str) -> str:
@@ -121,7 +111,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             replica.start()
             replicas.append(replica)
         wait_until(
-            lambda: sorted(str(role(r)) for r in replicas) == ["leader", "standby"],
+            lambda: sorted(str(r.role()) for r in replicas) == ["leader", "standby"],
             timeout=60,
             what="one leader and one standby",
         )
@@ -139,7 +129,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         )
         rounds = []
         for number in range(args.rounds):
-            leader = next(r for r in replicas if role(r) == "leader")
+            leader = next(r for r in replicas if r.role() == "leader")
             before = lease_holder(coordination, "sessionfleet-operator")
             name = f"probe-{number}"
             stopped = time.monotonic()
@@ -176,7 +166,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             leader.stop()
             leader.start()
             wait_until(
-                lambda: sorted(str(role(r)) for r in replicas) == ["leader", "standby"],
+                lambda: sorted(str(r.role()) for r in replicas) == ["leader", "standby"],
                 timeout=60,
                 what="the restarted replica standing by",
             )

@@ -362,3 +362,12 @@ system:serviceaccount:{{ .Release.Namespace }}:{{ include "sessionfleet.serviceA
   mountPath: {{ include "sessionfleet.agentTLSDir" . }}
   readOnly: true
 {{- end }}
+
+{{- /*
+The Secret whose key signs the WorkerCheckpoints the operator creates (docs/checkpoints.md,
+Provenance). The operator creates it in the release namespace; every replica and shard
+reads the same one.
+*/ -}}
+{{- define "sessionfleet.checkpointKeySecretName" -}}
+{{- printf "%s-checkpoint-key" (include "sessionfleet.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}

@@ -15,6 +15,7 @@ from datetime import datetime
 from typing import Any
 
 from sessionfleet.api import (
+    OPERATOR_REASONS,
     CheckpointDriver,
     CheckpointPhase,
     CheckpointReason,
@@ -34,6 +35,7 @@ from sessionfleet.checkpoint import (
 from sessionfleet.controllers import metrics
 from sessionfleet.controllers.events import checkpoint_ref
 from sessionfleet.controllers.fleet import Fleet
+from sessionfleet.controllers.provenance import checkpoint_key, forgery, signature
 from sessionfleet.controllers.records import WorkerRecord
 from sessionfleet.kube import CHECKPOINTS, Conflict, KubeError, NotFound
 from sessionfleet.policy.checkpoint import (
@@ -46,6 +48,7 @@ from sessionfleet.policy.checkpoint import (
     retention_victims,
 )
 from sessionfleet.policy.events import EventType, Notice
+from sessionfleet.policy.provenance import CheckpointIdentity
 from sessionfleet.resources.checkpoints import build_checkpoint
 from sessionfleet.resources.kvstore import kv_store_of
 from sessionfleet.resources.names import session_object_name
@@ -226,7 +229,11 @@ async def create(
     """Create a WorkerCheckpoint object owned by the worker; return its state."""
     epoch = record.status.epoch or 0
     name = checkpoint_name(record.name, reason, epoch, now, sessions)
-    body = build_checkpoint(worker, name, record.namespace, record.name, reason, sessions)
+    identity = CheckpointIdentity(record.namespace, name, record.name, reason, sessions)
+    provenance = await signature(fleet, identity, now)
+    body = build_checkpoint(
+        worker, name, record.namespace, record.name, reason, sessions, provenance
+    )
     key = (record.namespace, name)
     fleet.created_checkpoints.add(key)
     try:
@@ -275,6 +282,40 @@ def start(fleet: Fleet, checkpoint: CheckpointState, now: datetime) -> None:
     fleet.spawn(f"checkpoint {key}", run())
 
 
+async def _take_up(fleet: Fleet, checkpoint: CheckpointState, now: datetime) -> None:
+    """Start, refuse or close a checkpoint that nobody has started yet."""
+    if checkpoint.key in fleet.created_checkpoints:
+        # This process created it; its Drain ones are started by the move that made them.
+        if checkpoint.reason is not CheckpointReason.DRAIN:
+            start(fleet, checkpoint, now)
+        return
+    forged = None
+    if checkpoint.reason in OPERATOR_REASONS:
+        forged = forgery(await checkpoint_key(fleet), checkpoint)
+    problem = reserved_reason_problem(checkpoint.reason, created_by_operator=forged is None)
+    if problem is not None:
+        await refuse(
+            fleet, checkpoint, Reason.RESERVED_CHECKPOINT_REASON, f"{problem}: {forged}", now
+        )
+    elif checkpoint.reason is CheckpointReason.DRAIN and not checkpoint.whole_worker:
+        # An earlier leader's per-session migration, which would have used the outcome
+        # itself: the sessions' migration starts again here, with a checkpoint of its own.
+        await _patch(
+            fleet,
+            checkpoint,
+            checkpoint_failed_status(
+                Reason.CHECKPOINT_FAILED,
+                "the operator replica that created it for a migration stopped before it "
+                "ran; the migration is started again with a new checkpoint",
+                now,
+            ),
+        )
+    else:
+        # A user's Manual one, or an earlier leader's Periodic or whole-worker Drain one:
+        # the worker's move waits for the latter, so it must not be lost with the leader.
+        start(fleet, checkpoint, now)
+
+
 async def reconcile_checkpoints(
     fleet: Fleet, record: WorkerRecord, worker: InferenceWorker, now: datetime
 ) -> None:
@@ -283,14 +324,7 @@ async def reconcile_checkpoints(
     timeout = fleet.config.checkpoint_timeout
     for checkpoint in checkpoints:
         if checkpoint.phase is None:
-            problem = reserved_reason_problem(
-                checkpoint.reason, checkpoint.key in fleet.created_checkpoints
-            )
-            if problem is not None:
-                await refuse(fleet, checkpoint, Reason.RESERVED_CHECKPOINT_REASON, problem, now)
-            elif checkpoint.reason is not CheckpointReason.DRAIN:
-                # Drain checkpoints are started by the move that created them.
-                start(fleet, checkpoint, now)
+            await _take_up(fleet, checkpoint, now)
         elif abandoned(checkpoint, checkpoint.key in fleet.running_checkpoints, now, timeout):
             await _patch(
                 fleet,

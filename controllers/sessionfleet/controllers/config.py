@@ -53,6 +53,9 @@ class OperatorConfig:
     ``status_coalesce_seconds`` times this, each worker's counters wait longer."""
     checkpoint_timeout: timedelta = DEFAULT_CHECKPOINT_TIMEOUT
     """The longest a checkpoint runs; a Running one left by a restart fails after it."""
+    checkpoint_key_secret: tuple[str, str] | None = None
+    """(namespace, name) of the Secret whose key signs the operator's checkpoints; every
+    replica reads the same one. None: a key of this process only."""
     ack_timeout: timedelta = DEFAULT_ACK_TIMEOUT
     """The longest a migration waits for router acknowledgements before moving anyway."""
     event_series_seconds: float = 30.0

@@ -193,8 +193,10 @@ class Fleet:
     drivers: dict[CheckpointDriver, Driver] = field(default_factory=dict)
     running_checkpoints: set[Key] = field(default_factory=set)
     created_checkpoints: set[Key] = field(default_factory=set)
-    """WorkerCheckpoints this process created: the only ones whose reason may be Drain
-    or Periodic (the API server cannot tell who created an object)."""
+    """WorkerCheckpoints this process created: its own work in flight. Which ones any
+    replica created, the objects show themselves (:mod:`.provenance`)."""
+    checkpoint_key: bytes | None = None
+    """The key that signs and verifies the operator's checkpoints, once read."""
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
     writes: WriteTurns = field(default_factory=lambda: WriteTurns(16))
     """Turns for session writes, the most urgent first (:mod:`.turns`)."""

@@ -28,6 +28,7 @@ from sessionfleet.api.drainpolicy import DrainPolicy
 from sessionfleet.policy.checkpoint import CheckpointState
 from sessionfleet.policy.handshake import RouterLease, acks_of
 from sessionfleet.policy.sessions import SessionState
+from sessionfleet.resources.labels import PROVENANCE_ANNOTATION
 from sessionfleet.resources.leases import lease_state
 
 Key = tuple[str, str]
@@ -204,6 +205,7 @@ def checkpoint_record(body: Mapping[str, Any]) -> CheckpointState | None:
         destination=spec.destination,
         resource_version=resource_version(body),
         uid=str(meta.get("uid", "")),
+        provenance=(meta.get("annotations") or {}).get(PROVENANCE_ANNOTATION),
         refused=any(
             c.type is ConditionType.VALID and c.status is ConditionStatus.FALSE
             for c in status.conditions

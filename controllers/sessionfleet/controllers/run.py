@@ -25,6 +25,7 @@ from sessionfleet.supervise import EXIT_TASK_FAILED, Supervisor
 DEFAULTS = OperatorConfig()
 ELECTION = ElectionTiming()
 SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+DEFAULT_CHECKPOINT_KEY_SECRET = "sessionfleet-checkpoint-key"
 
 
 def _duration(text: str) -> timedelta:
@@ -139,6 +140,15 @@ def add_parser(commands: Any) -> None:
         type=_duration,
         default=DEFAULTS.ack_timeout,
         help="longest a migration waits for every router replica to acknowledge (default 30s)",
+    )
+    parser.add_argument(
+        "--checkpoint-key-secret",
+        metavar="NAMESPACE/NAME",
+        type=_object_ref,
+        help="the Secret whose key signs the WorkerCheckpoints the operator creates, so "
+        "that every replica tells them from a user's (created if missing; docs/checkpoints.md"
+        f", Provenance); default {DEFAULT_CHECKPOINT_KEY_SECRET} in $POD_NAMESPACE, else the "
+        "--leader-election-namespace, else the pod's ServiceAccount namespace",
     )
     parser.add_argument(
         "--checkpoint-timeout",
@@ -264,15 +274,38 @@ def _election(args: argparse.Namespace, parser_error: Any) -> ElectionConfig | N
     timing = ElectionTiming(args.lease_duration, args.renew_deadline, args.retry_period)
     if problems := timing.problems():
         parser_error("; ".join(problems))
-    namespace = args.leader_election_namespace or os.environ.get("POD_NAMESPACE")
-    if not namespace and os.path.exists(SERVICE_ACCOUNT_NAMESPACE):
-        with open(SERVICE_ACCOUNT_NAMESPACE) as file:
-            namespace = file.read().strip()
+    namespace = args.leader_election_namespace or _own_namespace()
     if not namespace:
         parser_error(
             "--leader-elect needs --leader-election-namespace outside a pod (or $POD_NAMESPACE)"
         )
     return ElectionConfig(str(namespace), args.leader_election_id, timing)
+
+
+def _own_namespace() -> str | None:
+    """Return the namespace the operator runs in: $POD_NAMESPACE, else its ServiceAccount's."""
+    namespace = os.environ.get("POD_NAMESPACE")
+    if not namespace and os.path.exists(SERVICE_ACCOUNT_NAMESPACE):
+        with open(SERVICE_ACCOUNT_NAMESPACE) as file:
+            namespace = file.read().strip()
+    return namespace or None
+
+
+def _checkpoint_key_secret(
+    args: argparse.Namespace, election: ElectionConfig | None
+) -> tuple[str, str] | None:
+    if args.checkpoint_key_secret is not None:
+        return args.checkpoint_key_secret  # type: ignore[no-any-return]
+    namespace = os.environ.get("POD_NAMESPACE") or (election.namespace if election else None)
+    namespace = namespace or _own_namespace()
+    return (namespace, DEFAULT_CHECKPOINT_KEY_SECRET) if namespace else None
+
+
+def _object_ref(text: str) -> tuple[str, str]:
+    try:
+        return service_account_ref(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not NAMESPACE/NAME: {text!r}") from None
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -294,6 +327,7 @@ def _run(args: argparse.Namespace) -> int:
         kv_store_grace_seconds=args.kv_store_grace,
         ack_timeout=args.ack_timeout,
         checkpoint_timeout=args.checkpoint_timeout,
+        checkpoint_key_secret=_checkpoint_key_secret(args, election),
         event_series_seconds=args.event_series_interval,
         metrics_port=args.metrics_port,
         health_port=args.health_port,

@@ -33,6 +33,7 @@ from sessionfleet.controllers.checkpoints import start as start_checkpoint
 from sessionfleet.controllers.events import worker_ref
 from sessionfleet.controllers.faults import reconciled_condition
 from sessionfleet.controllers.fleet import EngineStats, Fleet
+from sessionfleet.controllers.provenance import checkpoint_key, forgery
 from sessionfleet.controllers.records import Key, WorkerRecord
 from sessionfleet.controllers.sessions import migrate_sessions
 from sessionfleet.controllers.status import status_patch
@@ -368,16 +369,19 @@ async def _move_worker(
     epoch = record.status.epoch
     if plan.pod is None or epoch is None:
         return
+    key = await checkpoint_key(fleet)
     drains = [
         c
         for c in fleet.checkpoints_of(record.key)
         if c.reason is CheckpointReason.DRAIN
         and c.whole_worker
         and c.epoch in (None, epoch)
-        # Only the operator's own: a user's Drain checkpoint is refused, never run, and
-        # must not stand for "a save is under way" for ever.
+        # Only the operator's own, whichever replica created it (a leader that stopped
+        # before it started one leaves it to the next: controllers/checkpoints.py): a
+        # user's Drain checkpoint is refused, never run, and must not stand for "a save
+        # is under way" for ever.
         and not c.refused
-        and (c.key in fleet.created_checkpoints or c.epoch is not None)
+        and (c.epoch is not None or forgery(key, c) is None)
     ]
     if any(c.phase in (None, CheckpointPhase.PENDING, CheckpointPhase.RUNNING) for c in drains):
         return  # a save is under way

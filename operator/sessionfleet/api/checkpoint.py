@@ -51,9 +51,8 @@ that it did not create itself: see :func:`reserved_reason_problem`.
 def reserved_reason_problem(reason: CheckpointReason, created_by_operator: bool) -> str | None:
     """Return why the operator refuses a checkpoint for its reason; ``None``: it may run.
 
-    ``created_by_operator``: the operator created this object itself (it keeps the
-    names it created, and a checkpoint whose status it already wrote is its own:
-    users cannot write the status subresource).
+    ``created_by_operator``: a replica of the operator created this object, as its
+    signed provenance annotation shows (:mod:`sessionfleet.policy.provenance`).
     """
     if reason in OPERATOR_REASONS and not created_by_operator:
         return (

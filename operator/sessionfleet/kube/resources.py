@@ -33,6 +33,7 @@ CORE_EVENTS = Resource("", "v1", "events")
 LEASES = Resource("coordination.k8s.io", "v1", "leases")
 PDBS = Resource("policy", "v1", "poddisruptionbudgets")
 NETWORK_POLICIES = Resource("networking.k8s.io", "v1", "networkpolicies")
+SECRETS = Resource("", "v1", "secrets")
 
 
 def _custom(kind: str) -> Resource:

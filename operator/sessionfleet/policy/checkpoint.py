@@ -38,6 +38,8 @@ class CheckpointState:
     uid: str = ""
     refused: bool = False
     """The operator refused to run it (``Valid=False``): a user's own, left to the user."""
+    provenance: str | None = None
+    """Its provenance annotation: proof that the operator created it (policy/provenance.py)."""
 
     @property
     def key(self) -> tuple[str, str]:

@@ -36,3 +36,8 @@ KOPF_PREFIX = "kopf.sessionfleet.dev"
 SPEC_HASH_ANNOTATION = "sessionfleet.dev/spec-hash"
 """On an object the operator keeps in a wanted shape (a worker's engine NetworkPolicy):
 a digest of that shape, so its index tells at a glance whether it must be written."""
+
+PROVENANCE_ANNOTATION = "sessionfleet.dev/provenance"
+"""On a WorkerCheckpoint the operator created: a keyed digest (HMAC) of its namespace,
+name, spec and signing time, which only holders of the operator's checkpoint key can
+make (operator/sessionfleet/policy/provenance.py)."""
