@@ -98,8 +98,13 @@ def target_for(
 
 
 async def _patch(fleet: Fleet, checkpoint: CheckpointState, status: dict[str, Any]) -> None:
+    # The uid is a precondition (409 on a namesake): a run's later patches follow its
+    # earlier ones, so the resourceVersion it started from would refuse them.
+    patch: dict[str, Any] = {"status": status}
+    if checkpoint.uid:
+        patch["metadata"] = {"uid": checkpoint.uid}
     body = await fleet.kube.patch(
-        CHECKPOINTS, checkpoint.name, {"status": status}, checkpoint.namespace, status=True
+        CHECKPOINTS, checkpoint.name, patch, checkpoint.namespace, status=True
     )
     metrics.API_WRITES.labels("patch", "workercheckpoints/status").inc()
     fleet.freshness.mark((checkpoint.namespace, f"checkpoint/{checkpoint.name}"), body)
@@ -325,9 +330,18 @@ async def reconcile_checkpoints(
         created = await create(fleet, record, worker, CheckpointReason.PERIODIC, now)
         if created is not None:
             start(fleet, created, now)
+    uids = {c.name: c.uid for c in checkpoints}
     for name in retention_victims(checkpoints, settings.retention):
         try:
-            await fleet.kube.delete(CHECKPOINTS, name, record.namespace)
+            # The copy retention chose (uid and version): one changed since is kept.
+            version = next(c.resource_version for c in checkpoints if c.name == name)
+            await fleet.kube.delete(
+                CHECKPOINTS,
+                name,
+                record.namespace,
+                uid=uids.get(name) or None,
+                resource_version=version or None,
+            )
             metrics.API_WRITES.labels("delete", "workercheckpoints").inc()
-        except NotFound:
+        except (NotFound, Conflict):
             pass

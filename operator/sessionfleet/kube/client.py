@@ -8,6 +8,8 @@ event loop: kopf handlers and the router call it directly.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import json
 import ssl
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -84,13 +86,20 @@ class Kube:
         field_manager: str = FIELD_MANAGER,
         user_agent: str = "sessionfleet",
         write_gate: Callable[[], bool] | None = None,
+        write_timeout: float | None = None,
         max_in_flight: int = MAX_IN_FLIGHT,
         connect: Connect | None = None,
     ) -> None:
         """Bind a client to ``config``.
 
-        ``write_gate``, when given, is asked before every request but a GET: while it
-        answers false the request is refused with :class:`NotLeading`, unsent.
+        ``write_gate``, when given, is asked before every request but a GET, when it is
+        admitted and again when it is sent (once it has its turn and a connection):
+        while it answers false the request is refused with :class:`NotLeading`, unsent.
+        ``write_timeout``, when given, bounds such a request's whole life, from admission
+        to its answer (queue, connection, sending, the API server's work, which is told
+        the same deadline): a write admitted while the gate was open lands within that
+        time or not at all (docs/operator.md, "Fencing"). The timeout is
+        :class:`ApiUnavailable`, as any request without an answer.
         At most ``max_in_flight`` requests (watches aside) are open at once; the others
         wait their turn, first come first served (:mod:`sessionfleet.kube.connections`).
         ``connect`` replaces the requests' connections (a benchmark's in-process server).
@@ -98,6 +107,7 @@ class Kube:
         self.config = config
         self.field_manager = field_manager
         self.write_gate = write_gate
+        self.write_timeout = write_timeout
         self._server = config.server.rstrip("/")
         self._timeout = httpx.Timeout(timeout, connect=10.0)
         self._request_timeout = self._timeout.as_dict()
@@ -160,8 +170,35 @@ class Kube:
         content_type: str = "application/json",
     ) -> dict[str, Any]:
         """Send one request; return the decoded JSON answer or raise a KubeError."""
-        if method != "GET" and self.write_gate is not None and not self.write_gate():
+        if method == "GET":
+            return await self._send(method, path, params, body, content_type, None)
+        self._check_gate(method, path)
+        if self.write_timeout is None:
+            return await self._send(method, path, params, body, content_type, self._check_gate)
+        # The API server is given the same deadline (its ``timeout`` parameter): a write
+        # it has not done by then, waiting in its own queues, it no longer does.
+        params = {**(params or {}), "timeout": f"{max(int(self.write_timeout), 1)}s"}
+        try:
+            async with asyncio.timeout(self.write_timeout):
+                return await self._send(method, path, params, body, content_type, self._check_gate)
+        except TimeoutError as error:
+            raise ApiUnavailable(
+                0, f"{method} {path}: no answer within {self.write_timeout:g} s"
+            ) from error
+
+    def _check_gate(self, method: str = "", path: str = "") -> None:
+        if self.write_gate is not None and not self.write_gate():
             raise NotLeading(0, f"{method} {path}: not sent, this process is not the leader")
+
+    async def _send(
+        self,
+        method: str,
+        path: str,
+        params: Mapping[str, str | int] | None,
+        body: Any,
+        content_type: str,
+        gate: Callable[[str, str], None] | None,
+    ) -> dict[str, Any]:
         target = f"{self._prefix}{path}?{urlencode(params)}" if params else self._prefix + path
         headers = [(b"Host", self._host_header), *self._request_headers]
         token = self.config.bearer_token()
@@ -180,7 +217,8 @@ class Kube:
             extensions={"timeout": self._request_timeout},
         )
         try:
-            answer = await self._requests.send(request)
+            ready = None if gate is None else functools.partial(gate, method, path)
+            answer = await self._requests.send(request, ready)
             text = decoded(answer)
         except TRANSPORT_ERRORS as error:
             raise ApiUnavailable(0, f"{method} {path}: {error!r}") from error
@@ -299,13 +337,23 @@ class Kube:
         namespace: str | None = None,
         *,
         uid: str | None = None,
+        resource_version: int | str | None = None,
         grace_period_seconds: int | None = None,
         propagation: str | None = None,
     ) -> dict[str, Any]:
-        """Delete an object; with ``uid``, only that incarnation of the name."""
+        """Delete an object; with ``uid``, only that incarnation of the name.
+
+        With ``resource_version`` too, only that version of it (:class:`Conflict`
+        otherwise): a delete decided from a copy that someone has since changed fails.
+        """
         options: dict[str, Any] = {"kind": "DeleteOptions", "apiVersion": "v1"}
+        preconditions: dict[str, str] = {}
         if uid:
-            options["preconditions"] = {"uid": uid}
+            preconditions["uid"] = uid
+        if resource_version:
+            preconditions["resourceVersion"] = str(resource_version)
+        if preconditions:
+            options["preconditions"] = preconditions
         if grace_period_seconds is not None:
             options["gracePeriodSeconds"] = grace_period_seconds
         if propagation:
