@@ -11,8 +11,10 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import os
 import ssl
 from collections.abc import AsyncIterator, Callable, Mapping
+from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlencode, urlsplit
 from urllib.request import getproxies, proxy_bypass
@@ -45,6 +47,10 @@ MAX_IN_FLIGHT = 64
 """Requests open at once per client (watches aside), as many connections kept open."""
 KEEPALIVE_SECONDS = 5.0
 """A connection idle for longer is closed (httpx's default)."""
+HOLD_WRITES_ENV = "SESSIONFLEET_TEST_HOLD_WRITES"
+"""Test-only (e2e/test_leader.py): while the file this names exists, every write waits
+just after its gate check, as in a process paused at that instant, and a file beside it
+(``.held``) says one does. Never set in production."""
 
 
 def environment_proxy(server: str) -> str | None:
@@ -69,6 +75,13 @@ def _ssl_context(config: KubeConfig) -> ssl.SSLContext:
     if config.cert_file and config.key_file:
         context.load_cert_chain(config.cert_file, config.key_file)
     return context
+
+
+async def _held(hold: Path) -> None:
+    """Wait while ``hold`` exists (:data:`HOLD_WRITES_ENV`)."""
+    while hold.exists():
+        hold.with_suffix(".held").touch()
+        await asyncio.sleep(0.05)
 
 
 Page = list[dict[str, Any]]
@@ -108,6 +121,7 @@ class Kube:
         self.field_manager = field_manager
         self.write_gate = write_gate
         self.write_timeout = write_timeout
+        self._hold_writes = os.environ.get(HOLD_WRITES_ENV) if write_gate is not None else None
         self._server = config.server.rstrip("/")
         self._timeout = httpx.Timeout(timeout, connect=10.0)
         self._request_timeout = self._timeout.as_dict()
@@ -174,12 +188,16 @@ class Kube:
             return await self._send(method, path, params, body, content_type, None)
         self._check_gate(method, path)
         if self.write_timeout is None:
+            if self._hold_writes:
+                await _held(Path(self._hold_writes))
             return await self._send(method, path, params, body, content_type, self._check_gate)
         # The API server is given the same deadline (its ``timeout`` parameter): a write
         # it has not done by then, waiting in its own queues, it no longer does.
         params = {**(params or {}), "timeout": f"{max(int(self.write_timeout), 1)}s"}
         try:
             async with asyncio.timeout(self.write_timeout):
+                if self._hold_writes:
+                    await _held(Path(self._hold_writes))
                 return await self._send(method, path, params, body, content_type, self._check_gate)
         except TimeoutError as error:
             raise ApiUnavailable(
