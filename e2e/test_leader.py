@@ -19,7 +19,16 @@ from typing import Any
 import pytest
 
 from e2e.localcluster import LocalCluster
-from sessionfleet.kube import LEASES, SESSIONS, Conflict, Kube, KubeConfig, NotFound, NotLeading
+from sessionfleet.kube import (
+    LEASES,
+    SESSIONS,
+    Conflict,
+    Invalid,
+    Kube,
+    KubeConfig,
+    NotFound,
+    NotLeading,
+)
 from sessionfleet.kube.client import HOLD_WRITES_ENV
 from sessionfleet.leader import DEFAULT_LEASE_NAME, LeaderElector
 from sessionfleet.policy.leadership import ElectionTiming
@@ -318,3 +327,35 @@ def test_a_paused_leader_with_writes_past_its_gate_check_lands_none_after_its_su
     finally:
         old.stop()
         new.stop()
+
+
+async def test_the_preconditions_a_deposed_leader_writes_with_are_refused_by_the_api_server(
+    kube: Kube, namespace: str, crds_installed: None
+) -> None:
+    """What the operator's writes carry (docs/operator.md, "Fencing"), against the real
+    API server: a uid in a merge patch of an object (not of its status subresource,
+    whose strategy keeps the stored metadata), uid and resourceVersion in DeleteOptions."""
+    body = {
+        "apiVersion": "sessionfleet.dev/v1alpha1",
+        "kind": "AgentSession",
+        "metadata": {"name": "p"},
+        "spec": {"sessionId": "id-p", "model": "m"},
+    }
+    created = await kube.create(SESSIONS, body, namespace)
+    uid, version = created["metadata"]["uid"], created["metadata"]["resourceVersion"]
+    # As the pods' hold annotations are written: the uid in the patch is a precondition.
+    stale = {"metadata": {"uid": "not-" + uid, "annotations": {"hold": "1"}}}
+    with pytest.raises(Invalid, match="uid"):
+        await kube.patch(SESSIONS, "p", stale, namespace)
+    written = await kube.patch(
+        SESSIONS, "p", {"metadata": {"uid": uid, "annotations": {"hold": "1"}}}, namespace
+    )
+    assert written["metadata"]["annotations"] == {"hold": "1"}
+    with pytest.raises(Conflict):  # changed since the copy the delete was decided from
+        await kube.delete(SESSIONS, "p", namespace, uid=uid, resource_version=version)
+    with pytest.raises(Conflict):  # another incarnation of the name
+        await kube.delete(SESSIONS, "p", namespace, uid="not-" + uid)
+    current = written["metadata"]["resourceVersion"]
+    await kube.delete(SESSIONS, "p", namespace, uid=uid, resource_version=current)
+    with pytest.raises(NotFound):
+        await kube.get(SESSIONS, "p", namespace)

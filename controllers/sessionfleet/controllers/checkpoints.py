@@ -98,13 +98,11 @@ def target_for(
 
 
 async def _patch(fleet: Fleet, checkpoint: CheckpointState, status: dict[str, Any]) -> None:
-    # The uid is a precondition (409 on a namesake): a run's later patches follow its
-    # earlier ones, so the resourceVersion it started from would refuse them.
-    patch: dict[str, Any] = {"status": status}
-    if checkpoint.uid:
-        patch["metadata"] = {"uid": checkpoint.uid}
+    # No precondition (docs/operator.md, "Fencing"): a run's later patches follow its
+    # earlier ones, so the resourceVersion it started from would refuse them, and the
+    # status subresource ignores a uid in the patch. The gate and the write bound fence it.
     body = await fleet.kube.patch(
-        CHECKPOINTS, checkpoint.name, patch, checkpoint.namespace, status=True
+        CHECKPOINTS, checkpoint.name, {"status": status}, checkpoint.namespace, status=True
     )
     metrics.API_WRITES.labels("patch", "workercheckpoints/status").inc()
     fleet.freshness.mark((checkpoint.namespace, f"checkpoint/{checkpoint.name}"), body)

@@ -526,8 +526,8 @@ async def _apply_holds(
         HoldMechanism.KARPENTER_DO_NOT_DISRUPT in wanted,
         HoldMechanism.CLUSTER_AUTOSCALER_SAFE_TO_EVICT in wanted,
     )
-    # The uid in the patch is a precondition (409 on a namesake); not the
-    # resourceVersion, which the kubelet's status updates keep moving.
+    # The uid in the patch is a precondition (a namesake refuses it: 422, uid is
+    # immutable); not the resourceVersion, which the kubelet's status updates keep moving.
     metadata: dict[str, Any] = {"annotations": annotations}
     if pod.uid:
         metadata["uid"] = pod.uid
