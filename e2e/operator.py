@@ -45,8 +45,10 @@ class OperatorProcess:
         log_dir: Path,
         *extra: str,
         binary: Path = SESSIONFLEET,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.binary = binary
+        self.env = env or {}
         self.kubeconfig = kubeconfig
         self.namespace = namespace
         self.log_path = log_dir / f"operator-{namespace}.log"
@@ -75,7 +77,7 @@ class OperatorProcess:
             *ELECTION_ARGS,
             *self.extra,
         ]
-        env = dict(os.environ)
+        env = {**os.environ, **self.env}
         with self.log_path.open("ab") as log:  # the child keeps its own descriptor
             log.write(f"--- start {self.starts}: {' '.join(argv)}\n".encode())
             log.flush()

@@ -8,16 +8,29 @@ operator replicas.
 from __future__ import annotations
 
 import asyncio
+import json
+import signal
 import time
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from e2e.localcluster import LocalCluster
-from sessionfleet.kube import LEASES, SESSIONS, Conflict, Kube, KubeConfig, NotLeading
-from sessionfleet.leader import LeaderElector
+from sessionfleet.kube import (
+    LEASES,
+    SESSIONS,
+    Conflict,
+    Invalid,
+    Kube,
+    KubeConfig,
+    NotFound,
+    NotLeading,
+)
+from sessionfleet.kube.client import HOLD_WRITES_ENV
+from sessionfleet.leader import DEFAULT_LEASE_NAME, LeaderElector
 from sessionfleet.policy.leadership import ElectionTiming
 from sessionfleet.resources.times import rfc3339
 
@@ -218,3 +231,131 @@ def test_two_operator_replicas_elect_one_and_the_standby_is_ready(
     finally:
         for replica in replicas:
             replica.stop()
+
+
+def audited_writes(cluster: LocalCluster, namespace: str) -> list[dict[str, Any]]:
+    """The API server's audit events for writes in ``namespace``, in the order received."""
+    events = []
+    for line in cluster.layout.audit_log.read_text().splitlines():
+        event = json.loads(line)
+        if (event.get("objectRef") or {}).get("namespace") == namespace:
+            events.append(event)
+    return sorted(events, key=lambda e: e["requestReceivedTimestamp"])
+
+
+def test_a_paused_leader_with_writes_past_its_gate_check_lands_none_after_its_successor(
+    cluster: LocalCluster, namespace: str, crds_installed: None, crs: Any, tmp_path: Path
+) -> None:
+    """Fencing (docs/operator.md): the leader is stopped (SIGSTOP) right after the gate
+    let its writes through, for longer than the margin; the standby takes over and
+    writes; the old leader resumes. The audit log tells the replicas apart by user agent."""
+    from e2e.helpers import wait_until
+    from e2e.operator import OperatorProcess, sim_worker
+
+    hold = tmp_path / "hold"
+    old = OperatorProcess(
+        cluster.kubeconfig, namespace, tmp_path / "old", env={HOLD_WRITES_ENV: str(hold)}
+    )
+    new = OperatorProcess(cluster.kubeconfig, namespace, tmp_path / "new")
+    config = KubeConfig.load(str(cluster.kubeconfig))
+
+    def holder() -> str:
+        async def read() -> str:
+            async with Kube(config) as kube:
+                lease = await kube.get(LEASES, DEFAULT_LEASE_NAME, namespace)
+            return str(lease["spec"].get("holderIdentity") or "")
+
+        try:
+            return asyncio.run(read())
+        except NotFound:
+            return ""
+
+    for replica in (old, new):
+        replica.log_path.parent.mkdir(exist_ok=True)
+    old.start()
+    try:
+        old_identity = wait_until(holder, timeout=60, what="the first replica leads")
+        old_agent = f"sessionfleet-operator/{old_identity}"
+        crs.create(sim_worker("w0"))
+        wait_until(
+            lambda: any(e["userAgent"] == old_agent for e in audited_writes(cluster, namespace)),
+            timeout=60,
+            what="the first replica writes (the audit log names it)",
+        )
+        new.start()
+        hold.touch()
+        crs.create(sim_worker("w"))  # the leader decides writes: a pod, a status
+        wait_until(hold.with_suffix(".held").exists, timeout=30, what="a write held")
+        assert old.process is not None
+        old.process.send_signal(signal.SIGSTOP)
+        try:
+            new_identity = wait_until(
+                lambda: (h := holder()) not in ("", old_identity) and h,
+                timeout=60,
+                what="the standby takes over",
+            )
+            new_agent = f"sessionfleet-operator/{new_identity}"
+
+            def new_leaders_first_write() -> dict[str, Any] | None:
+                return next(
+                    (
+                        e
+                        for e in audited_writes(cluster, namespace)
+                        if e["userAgent"] == new_agent
+                        and e["responseStatus"]["code"] < 300
+                        and e["objectRef"]["resource"] != "leases"
+                    ),
+                    None,
+                )
+
+            first = wait_until(new_leaders_first_write, timeout=60, what="the new leader writes")
+        finally:
+            hold.unlink()
+            old.process.send_signal(signal.SIGCONT)
+        # The old leader resumes: it finds its Lease gone and exits; what it had let
+        # through its gate before the pause has had every chance to be sent.
+        old.process.wait(timeout=60)
+        time.sleep(1)
+        events = audited_writes(cluster, namespace)
+        late = [
+            (e["verb"], e["objectRef"]["resource"], e["responseStatus"]["code"])
+            for e in events
+            if e["userAgent"].startswith(old_agent)
+            and e["requestReceivedTimestamp"] > first["requestReceivedTimestamp"]
+        ]
+        assert late == [], f"the old leader's requests reached the API server after {first}"
+    finally:
+        old.stop()
+        new.stop()
+
+
+async def test_the_preconditions_a_deposed_leader_writes_with_are_refused_by_the_api_server(
+    kube: Kube, namespace: str, crds_installed: None
+) -> None:
+    """What the operator's writes carry (docs/operator.md, "Fencing"), against the real
+    API server: a uid in a merge patch of an object (not of its status subresource,
+    whose strategy keeps the stored metadata), uid and resourceVersion in DeleteOptions."""
+    body = {
+        "apiVersion": "sessionfleet.dev/v1alpha1",
+        "kind": "AgentSession",
+        "metadata": {"name": "p"},
+        "spec": {"sessionId": "id-p", "model": "m"},
+    }
+    created = await kube.create(SESSIONS, body, namespace)
+    uid, version = created["metadata"]["uid"], created["metadata"]["resourceVersion"]
+    # As the pods' hold annotations are written: the uid in the patch is a precondition.
+    stale = {"metadata": {"uid": "not-" + uid, "annotations": {"hold": "1"}}}
+    with pytest.raises(Invalid, match="uid"):
+        await kube.patch(SESSIONS, "p", stale, namespace)
+    written = await kube.patch(
+        SESSIONS, "p", {"metadata": {"uid": uid, "annotations": {"hold": "1"}}}, namespace
+    )
+    assert written["metadata"]["annotations"] == {"hold": "1"}
+    with pytest.raises(Conflict):  # changed since the copy the delete was decided from
+        await kube.delete(SESSIONS, "p", namespace, uid=uid, resource_version=version)
+    with pytest.raises(Conflict):  # another incarnation of the name
+        await kube.delete(SESSIONS, "p", namespace, uid="not-" + uid)
+    current = written["metadata"]["resourceVersion"]
+    await kube.delete(SESSIONS, "p", namespace, uid=uid, resource_version=current)
+    with pytest.raises(NotFound):
+        await kube.get(SESSIONS, "p", namespace)

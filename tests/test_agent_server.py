@@ -41,7 +41,12 @@ from sessionfleet.checkpoint.criu import (
     container_id_of,
     node_address_locator,
 )
-from sessionfleet.checkpoint.driver import CheckpointTarget, DriverError, DriverUnavailable
+from sessionfleet.checkpoint.driver import (
+    CheckpointTarget,
+    DriverError,
+    DriverUnavailable,
+    NotLeadingDriver,
+)
 from sessionfleet.checkpoint.paths import DEFAULT_STORAGE_ROOT, confined_parts, open_confined
 from sessionfleet.kube import Kube, KubeConfig
 from sessionfleet.policy.checkpoint import checkpoint_location
@@ -877,12 +882,14 @@ def target(tmp_path: Path, **changes: Any) -> CheckpointTarget:
     return CheckpointTarget(**{**fields, **changes})
 
 
-def driver(http: httpx.AsyncClient, kube: Kube, url: str, token: str = TOKEN) -> CriuDriver:
+def driver(
+    http: httpx.AsyncClient, kube: Kube, url: str, token: str = TOKEN, **kw: Any
+) -> CriuDriver:
     async def locate(node_name: str) -> str:
         assert node_name == "gpu-1"
         return url
 
-    return CriuDriver(http, kube, locate=locate, token=token)
+    return CriuDriver(http, kube, locate=locate, token=token, **kw)
 
 
 async def test_the_driver_checkpoints_and_restores_through_the_agent(
@@ -895,6 +902,22 @@ async def test_the_driver_checkpoints_and_restores_through_the_agent(
     loaded = await criu.load(target(node.root))
     assert loaded.location == str(node.root / "c1")
     assert criu.restore_args(EngineType.VLLM, str(node.root)) == []
+
+
+async def test_a_deposed_operator_never_reaches_the_agent(
+    node: Node, http: httpx.AsyncClient, kube: Kube
+) -> None:
+    """The gate is asked before each call: once closed, no process is paused or dumped."""
+    leading = [True]
+    criu = driver(http, kube, node.url, write_gate=lambda: leading[0])
+    await criu.save(target(node.root))
+    calls = list(node.cuda.calls)
+    leading[0] = False
+    for call in (criu.save, criu.load):
+        with pytest.raises(NotLeadingDriver, match="not the leader"):
+            await call(target(node.root, location=str(node.root / "c2")))
+    assert node.cuda.calls == calls
+    assert not (node.root / "c2").exists()
 
 
 async def test_the_operators_default_locations_are_inside_the_agents_default_root() -> None:

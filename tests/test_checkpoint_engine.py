@@ -13,6 +13,7 @@ from aiohttp.test_utils import TestServer
 
 from sessionfleet.api import EngineType
 from sessionfleet.checkpoint import CheckpointTarget, DriverError
+from sessionfleet.checkpoint.driver import NotLeadingDriver
 from sessionfleet.checkpoint.engine import EngineDriver
 from sessionfleet.engines import FORWARDED_SESSION_HEADER
 from sessionfleet.engines.sim.engine import EngineConfig
@@ -84,6 +85,20 @@ async def test_a_whole_worker_checkpoint_restores_into_a_fresh_engine(
         assert loaded.sessions == saved.sessions
     again = await turn(other, "s1")
     assert again["usage"]["prompt_tokens_details"]["cached_tokens"] >= prompt_tokens - 16
+
+
+async def test_a_deposed_operator_never_calls_the_engine(start: Start, tmp_path: Path) -> None:
+    """Save, load and KV-store control are refused unsent once the gate has closed."""
+    source = await start()
+    await turn(source, "s1")
+    async with httpx.AsyncClient() as http:
+        driver = EngineDriver(http, write_gate=lambda: False)
+        for call in (driver.save, driver.load):
+            with pytest.raises(NotLeadingDriver, match="not the leader"):
+                await call(target(source, tmp_path / "ckpt"))
+        with pytest.raises(NotLeadingDriver):
+            await driver.store_control(target(source, tmp_path / "ckpt"), {"op": "retain"})
+    assert not (tmp_path / "ckpt").exists()
 
 
 @pytest.mark.parametrize("session", ["s1", "../escape", "/etc/x"])

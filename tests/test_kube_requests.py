@@ -206,3 +206,68 @@ async def test_requests_beyond_the_limit_wait_their_turn_and_watches_never_wait_
                 await events.aclose()
     finally:
         await test_server.close()
+
+
+@pytest.fixture
+async def held_writes() -> AsyncIterator[tuple[TestServer, list[str], asyncio.Event]]:
+    """A server whose pod PATCHes wait until the event is set; it records their names."""
+    landed: list[str] = []
+    release = asyncio.Event()
+
+    async def patch(request: web.Request) -> web.Response:
+        landed.append(request.match_info["name"])
+        await release.wait()
+        return web.json_response({"metadata": {"name": request.match_info["name"]}})
+
+    app = web.Application()
+    app.router.add_patch(PODS.path("ns") + "/{name}", patch)
+    test_server = TestServer(app, host="127.0.0.1")
+    await test_server.start_server()
+    yield test_server, landed, release
+    release.set()
+    await test_server.close()
+
+
+async def test_a_write_that_waited_in_the_queue_is_not_sent_once_the_gate_has_closed(
+    held_writes: tuple[TestServer, list[str], asyncio.Event],
+) -> None:
+    """The gate is asked again when a write has its turn: admission alone is not enough."""
+    test_server, landed, release = held_writes
+    leading = True
+    async with client(test_server, max_in_flight=1, write_gate=lambda: leading) as kube:
+        first = asyncio.create_task(kube.patch(PODS, "first", {"metadata": {}}, "ns"))
+        while not landed:
+            await asyncio.sleep(0.01)
+        queued = asyncio.create_task(kube.patch(PODS, "queued", {"metadata": {}}, "ns"))
+        await asyncio.sleep(0.1)  # admitted (the gate was open), waiting for the one slot
+        leading = False
+        release.set()
+        assert (await first)["metadata"]["name"] == "first"
+        with pytest.raises(NotLeading):
+            await queued
+    assert landed == ["first"]
+
+
+async def test_a_write_lives_no_longer_than_its_bound_and_the_server_is_told_the_deadline(
+    held_writes: tuple[TestServer, list[str], asyncio.Event],
+) -> None:
+    """``write_timeout`` bounds queue, connection, sending and answer; reads keep theirs."""
+    test_server, landed, _ = held_writes
+    async with client(test_server, write_gate=lambda: True, write_timeout=0.5) as kube:
+        with pytest.raises(ApiUnavailable, match="no answer within 0.5 s"):
+            await asyncio.wait_for(kube.patch(PODS, "slow", {"metadata": {}}, "ns"), 5)
+    assert landed == ["slow"]
+
+
+async def test_the_api_server_is_given_the_writes_deadline(
+    server: tuple[TestServer, list[dict[str, Any]]],
+) -> None:
+    """A write waiting in the API server's own queues past the bound is not done there."""
+    test_server, seen = server
+    async with client(test_server, write_gate=lambda: True, write_timeout=4.0) as kube:
+        await kube.patch(
+            SESSIONS, "s1", {"status": {"phase": "Active"}}, "ns", status=True, resource_version=7
+        )
+        await kube.list(PODS, "ns")
+    assert seen[0]["query"]["timeout"] == "4s"
+    assert "timeout" not in seen[1]["query"]  # reads: a LIST may take long, and writes nothing

@@ -182,3 +182,31 @@ async def test_a_slow_lease_write_is_logged_with_how_long_it_took(
         if warned
         else []
     )
+
+
+@given(
+    renewed_at=st.floats(0, 1000),
+    admitted_after=st.floats(0, 30),
+    took=st.floats(0, 1),
+    seen_after=st.floats(0, 30),
+)
+def test_a_write_admitted_while_leading_lands_before_any_standby_may_take_over(
+    renewed_at: float, admitted_after: float, took: float, seen_after: float
+) -> None:
+    """Fencing: a write let through by the gate and bounded by ``write_timeout`` lands
+    before a standby may take the Lease (docs/operator.md, "Fencing")."""
+    admitted = renewed_at + admitted_after
+    landed = admitted + took * TIMING.write_timeout
+    standby_seen = renewed_at + seen_after
+    standby_takes = next_step(Observation(record("a"), standby_seen), "b", landed) is Step.TAKE
+    assert not (still_leading(renewed_at, admitted, TIMING) and standby_takes)
+
+
+@pytest.mark.parametrize(
+    ("lease", "renew", "retry"), [(15, 10, 2), (60, 40, 5), (137, 107, 26), (4, 3, 1)]
+)
+def test_the_write_timeout_is_inside_the_margin(lease: int, renew: int, retry: int) -> None:
+    timing = ElectionTiming(
+        timedelta(seconds=lease), timedelta(seconds=renew), timedelta(seconds=retry)
+    )
+    assert 0 < timing.write_timeout < timing.margin == lease - renew

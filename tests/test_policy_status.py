@@ -165,6 +165,7 @@ class FakeKube:
 
     def __init__(self, fail: dict[str, Exception] | None = None) -> None:
         self.patches: list[tuple[str, dict[str, Any]]] = []
+        self.preconditions: list[int | str | None] = []
         self.fail = fail or {}
         self.version = 100
 
@@ -176,9 +177,11 @@ class FakeKube:
         namespace: str | None = None,
         *,
         status: bool = False,
+        resource_version: int | str | None = None,
     ) -> dict[str, Any]:
         assert resource is DRAIN_POLICIES and status
         self.patches.append((name, body["status"]))
+        self.preconditions.append(resource_version)
         if name in self.fail:
             raise self.fail[name]
         self.version += 1
@@ -227,6 +230,8 @@ async def test_reconcile_writes_each_policy_once_and_only_what_changed() -> None
     written = dict(kube.patches)
     assert written["a"]["matchedWorkers"] == 1 and written["a"]["workers"] == ["wa"]
     assert written["late"]["workers"] == ["wb"] and written["a"]["observedGeneration"] == 1
+    # Each write applies only to the copy it was decided from (fencing a stale replica).
+    assert kube.preconditions == [10, 10]
 
     # The index still shows the old copies: nothing is written again meanwhile.
     kube.patches.clear()
@@ -251,6 +256,7 @@ async def test_reconcile_writes_each_policy_once_and_only_what_changed() -> None
     fleet.workers[("ns", "wa2")] = [worker_record(worker_body("wa2", {"pool": "a"}))]  # type: ignore[index]
     await reconcile_policies(fleet, NOW)
     assert kube.patches == [("a", {"matchedWorkers": 2, "workers": ["wa", "wa2"]})]
+    assert kube.preconditions[-1] == 200
 
 
 async def test_an_invalid_policy_is_reported_and_a_failed_write_stops_no_other() -> None:

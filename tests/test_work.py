@@ -385,8 +385,9 @@ class HeldWrites:
         self.version += 1
         return {"metadata": {"name": name, "resourceVersion": str(self.version)}}
 
-    async def delete(self, resource: object, name: str, namespace: str) -> None:
+    async def delete(self, resource: object, name: str, namespace: str, **kw: object) -> None:
         self.sent.append(("delete", name))
+        self.bodies[name] = kw
         await self.release.wait()
 
 
@@ -435,6 +436,26 @@ async def test_a_drain_marks_its_sessions_together_not_one_round_trip_after_anot
     assert sorted(name for _, name in kube.sent) == list(names)  # all sent, none answered
     kube.release.set()
     await asyncio.wait_for(marking, 1.0)
+
+
+async def test_a_session_is_deleted_only_as_the_copy_the_decision_was_made_from() -> None:
+    fleet = _full_fleet(0)
+    kube = HeldWrites()
+    kube.release.set()
+    fleet.kube = kube  # type: ignore[assignment]
+    expired = replace(
+        _session("old", None),
+        finished=True,
+        phase=SessionPhase.FINISHED,
+        finished_at=NOW - timedelta(hours=2),
+        uid="u-1",
+        resource_version=42,
+    )
+    fleet.sessions.put(expired)
+    await reconcile_session(fleet, expired, NOW)
+    assert kube.sent == [("delete", "old")]
+    # A deposed replica's late delete misses a session used or recreated since.
+    assert kube.bodies["old"] == {"uid": "u-1", "resource_version": 42}
 
 
 async def test_a_step_is_decided_again_when_its_turn_comes() -> None:

@@ -958,6 +958,7 @@ class LocalCluster:
             context="local",
         )
         layout.kwok_config.write_text(comp.kwok_stages_yaml(tools))
+        layout.audit_policy.write_text(comp.audit_policy_yaml())
         layout.logs.mkdir(parents=True, exist_ok=True)
 
     def _backer_argv(self) -> list[str]:

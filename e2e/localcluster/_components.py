@@ -121,6 +121,16 @@ class Layout:
         return self.state_dir / "kwok.yaml"
 
     @property
+    def audit_policy(self) -> Path:
+        """The API server's audit policy (:func:`audit_policy_yaml`)."""
+        return self.state_dir / "audit-policy.yaml"
+
+    @property
+    def audit_log(self) -> Path:
+        """The API server's audit log: one JSON event per line."""
+        return self.logs / "audit.log"
+
+    @property
     def pods_dir(self) -> Path:
         """Working directories and logs of backed pod processes."""
         return self.state_dir / "pods"
@@ -181,9 +191,49 @@ def apiserver_argv(tools: Tools, ports: Ports, layout: Layout, pki: Pki) -> list
         f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
         f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
         "--allow-privileged=true",
+        f"--audit-policy-file={layout.audit_policy}",
+        f"--audit-log-path={layout.audit_log}",
+        # Bounded: a long run keeps the newest 3 x 20 MB; the policy logs writes only.
+        "--audit-log-maxsize=20",
+        "--audit-log-maxbackup=2",
+        "--audit-log-maxage=1",
+        # Written as they happen, so a test reads what it just caused.
+        "--audit-log-mode=blocking",
         "--profiling=false",
         "--v=1",
     ]
+
+
+#: Who the audit log follows: the project's resources and the objects it writes.
+AUDITED_RESOURCES = (
+    {"group": "sessionfleet.dev"},
+    {"group": "", "resources": ["pods", "events"]},
+    {"group": "policy", "resources": ["poddisruptionbudgets"]},
+    {"group": "coordination.k8s.io", "resources": ["leases"]},
+    {"group": "events.k8s.io", "resources": ["events"]},
+)
+WRITE_VERBS = ("create", "update", "patch", "delete", "deletecollection")
+
+
+def audit_policy_yaml() -> str:
+    """Return the API server's audit policy: who wrote what, when; reads are not logged.
+
+    Metadata level (no bodies) at the response stage only, for writes to
+    :data:`AUDITED_RESOURCES`: what fencing tests read (e2e/test_leader.py) without
+    slowing the suite's many reads and the nodes' lease renewals down.
+    """
+    policy = {
+        "apiVersion": "audit.k8s.io/v1",
+        "kind": "Policy",
+        "omitStages": ["RequestReceived", "ResponseStarted", "Panic"],
+        "rules": [
+            {"level": "None", "userGroups": ["system:nodes"]},
+            {"level": "None", "namespaces": ["kube-node-lease"]},  # KWOK's node heartbeats
+            {"level": "Metadata", "verbs": list(WRITE_VERBS), "resources": list(AUDITED_RESOURCES)},
+            {"level": "None"},
+        ],
+    }
+    return yaml.safe_dump(policy, sort_keys=False)
 
 
 def controller_manager_argv(tools: Tools, ports: Ports, layout: Layout, pki: Pki) -> list[str]:

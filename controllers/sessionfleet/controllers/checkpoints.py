@@ -101,6 +101,9 @@ def target_for(
 
 
 async def _patch(fleet: Fleet, checkpoint: CheckpointState, status: dict[str, Any]) -> None:
+    # No precondition (docs/operator.md, "Fencing"): a run's later patches follow its
+    # earlier ones, so the resourceVersion it started from would refuse them, and the
+    # status subresource ignores a uid in the patch. The gate and the write bound fence it.
     body = await fleet.kube.patch(
         CHECKPOINTS, checkpoint.name, {"status": status}, checkpoint.namespace, status=True
     )
@@ -359,9 +362,18 @@ async def reconcile_checkpoints(
         created = await create(fleet, record, worker, CheckpointReason.PERIODIC, now)
         if created is not None:
             start(fleet, created, now)
+    uids = {c.name: c.uid for c in checkpoints}
     for name in retention_victims(checkpoints, settings.retention):
         try:
-            await fleet.kube.delete(CHECKPOINTS, name, record.namespace)
+            # The copy retention chose (uid and version): one changed since is kept.
+            version = next(c.resource_version for c in checkpoints if c.name == name)
+            await fleet.kube.delete(
+                CHECKPOINTS,
+                name,
+                record.namespace,
+                uid=uids.get(name) or None,
+                resource_version=version or None,
+            )
             metrics.API_WRITES.labels("delete", "workercheckpoints").inc()
-        except NotFound:
+        except (NotFound, Conflict):
             pass

@@ -26,6 +26,7 @@ import httpx
 
 from sessionfleet.api import CheckpointDriver, DrainPolicySpec
 from sessionfleet.checkpoint import Driver
+from sessionfleet.controllers import metrics
 from sessionfleet.controllers.config import OperatorConfig
 from sessionfleet.controllers.faults import Faults
 from sessionfleet.controllers.loads import PlacementViews, WorkerLoads, placement_identity
@@ -198,6 +199,11 @@ class Fleet:
     checkpoint_key: bytes | None = None
     """The key that signs and verifies the operator's checkpoints, once read."""
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    """Work started with :meth:`spawn` and still running."""
+    spawn_failures: int = 0
+    """How many spawned tasks raised (also the metric ``..._spawned_failures_total``)."""
+    spawning_stopped: bool = False
+    """Set by :meth:`cancel_spawned`: no work starts any more (leadership is ending)."""
     writes: WriteTurns = field(default_factory=lambda: WriteTurns(16))
     """Turns for session writes, the most urgent first (:mod:`.turns`)."""
     events: Recorder | None = None
@@ -212,9 +218,14 @@ class Fleet:
     def spawn(self, name: str, work: Coroutine[Any, Any, None]) -> None:
         """Run slow work (a checkpoint, a migration through one) beside the loop.
 
-        The loop is woken when it ends; an exception is logged with its traceback, and
-        the work's own objects say what failed in their status.
+        The loop is woken when it ends; an exception is logged with its traceback and
+        counted, and the work's own objects say what failed in their status. Once
+        :meth:`cancel_spawned` has run (the replica stops leading), nothing starts.
         """
+        if self.spawning_stopped:
+            work.close()  # never awaited: close it so Python does not warn
+            log.info("%s not started: this replica is giving up the lead", name)
+            return
         task = asyncio.create_task(work, name=name)
         self.tasks.add(task)
         task.add_done_callback(self._finished)
@@ -223,7 +234,24 @@ class Fleet:
         self.tasks.discard(task)
         self.wakeup.set()
         if not task.cancelled() and (error := task.exception()) is not None:
+            self.spawn_failures += 1
+            metrics.SPAWNED_FAILURES.inc()
             log.error("%s failed", task.get_name(), exc_info=error)
+
+    async def cancel_spawned(self) -> None:
+        """Cancel every spawned task and wait until each has ended; start none after.
+
+        Called before the Lease is released (or when it was lost): a checkpoint or a
+        migration half way through must not go on acting on workers, through the API or
+        an engine, once a standby may lead.
+        """
+        self.spawning_stopped = True
+        running = list(self.tasks)
+        for task in running:
+            task.cancel()
+        await asyncio.gather(*running, return_exceptions=True)
+        if running:
+            log.info("cancelled %d spawned tasks before giving up the lead", len(running))
 
     def notify(self, regarding: ObjectRef, notice: Notice) -> None:
         """Record a decision as an Event about ``regarding`` (coalesced, in the background)."""
@@ -266,6 +294,13 @@ class Fleet:
     def has_pdb(self, key: Key) -> bool:
         """Whether the worker's hold PodDisruptionBudget exists (as the index shows it)."""
         return bool(self.pdbs.get(key)) if self.pdbs is not None else False
+
+    def pdb_uid(self, key: Key) -> str | None:
+        """Return the uid of the worker's hold PodDisruptionBudget, as the index shows it."""
+        found = self.pdbs.get(key) if self.pdbs is not None else None
+        for _, uid in found or ():
+            return str(uid) or None
+        return None
 
     def engine_policy_hash(self, key: Key) -> str | None:
         """Return the spec hash of the worker's engine NetworkPolicy, as the index shows it."""

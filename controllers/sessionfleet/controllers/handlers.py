@@ -99,9 +99,11 @@ def login(memo: kopf.Memo, **_: Any) -> kopf.ConnectionInfo:
 
 @kopf.on.cleanup()
 async def stop(memo: kopf.Memo, **_: Any) -> None:
-    """Stop the loop, give the Lease up (a standby then takes over at once), close clients."""
+    """Stop the loop and spawned work, give the Lease up (a standby takes over), close clients."""
     await memo["supervisor"].stop()
     fleet: Fleet = memo["fleet"]
+    # Before the release: once it is sent, a standby may lead while our work still runs.
+    await fleet.cancel_spawned()
     await fleet.leadership.release()
     await fleet.http.aclose()
     await fleet.kube.aclose()
@@ -130,8 +132,9 @@ async def pod_index(
 async def pdb_index(
     body: kopf.Body, namespace: str | None, labels: kopf.Labels, **_: Any
 ) -> dict[Any, Any]:
-    """Index the drain holds' PodDisruptionBudgets by (namespace, worker)."""
-    return {(namespace, labels[WORKER_LABEL]): body["metadata"]["name"]}
+    """Index the drain holds' PodDisruptionBudgets by (namespace, worker): name and uid."""
+    metadata = body["metadata"]
+    return {(namespace, labels[WORKER_LABEL]): (metadata["name"], metadata.get("uid", ""))}
 
 
 @kopf.index("networking.k8s.io", "v1", "networkpolicies", labels={WORKER_LABEL: kopf.PRESENT})

@@ -106,17 +106,20 @@ async def record_fault(job: Job, message: str, now: datetime, *, fleet: Fleet) -
     if job.resource is WORKERS:
         record = fleet.worker(namespace, name)
         existing = (record.raw_status.get("conditions") or []) if record is not None else []
+        version = record.resource_version if record is not None else None
     else:
         # A session's conditions are not indexed; failures are rare enough to read them.
-        existing = ((await fleet.kube.get(job.resource, name, namespace)).get("status") or {}).get(
-            "conditions"
-        ) or []
+        body = await fleet.kube.get(job.resource, name, namespace)
+        existing = (body.get("status") or {}).get("conditions") or []
+        version = (body.get("metadata") or {}).get("resourceVersion")
+    # On the version the conditions were read from: a stale copy's write fails (409).
     await fleet.kube.patch(
         job.resource,
         name,
         {"status": {"conditions": with_condition(existing, condition, now)}},
         namespace,
         status=True,
+        resource_version=version or None,
     )
 
 

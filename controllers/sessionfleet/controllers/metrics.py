@@ -44,6 +44,10 @@ API_WRITES = Counter(
 CHECKPOINTS = Counter(
     "sessionfleet_checkpoints_total", "Checkpoints written, by reason.", ["reason"]
 )
+SPAWNED_FAILURES = Counter(
+    "sessionfleet_operator_spawned_failures_total",
+    "Work run beside the fleet loop (checkpoints, migrations, session steps) that raised.",
+)
 RESTORES = Counter("sessionfleet_restores_total", "New epochs started from a checkpoint.")
 LEADER = Gauge(
     "sessionfleet_operator_leader",

@@ -26,7 +26,7 @@ from sessionfleet.controllers.faults import Job, reconciled_condition, run_isola
 from sessionfleet.controllers.fleet import Fleet
 from sessionfleet.controllers.records import Key, PolicyRecord, WorkerRecord
 from sessionfleet.controllers.status import status_patch
-from sessionfleet.kube import DRAIN_POLICIES, NotFound
+from sessionfleet.kube import DRAIN_POLICIES, Conflict, NotFound
 from sessionfleet.policy.policies import PolicyStatusPlan, WorkerView, plan_policy_statuses
 from sessionfleet.resources.status import merge_conditions, policy_status
 
@@ -93,10 +93,15 @@ async def write_status(fleet: Fleet, record: PolicyRecord, desired: dict[str, An
         return
     try:
         body = await fleet.kube.patch(
-            DRAIN_POLICIES, record.name, {"status": patch}, record.namespace, status=True
+            DRAIN_POLICIES,
+            record.name,
+            {"status": patch},
+            record.namespace,
+            status=True,
+            resource_version=record.resource_version or None,
         )
-    except NotFound:
-        return  # deleted meanwhile; the index drops it
+    except (NotFound, Conflict):
+        return  # deleted or changed meanwhile; the next pass decides from the new copy
     metrics.API_WRITES.labels("patch", "drainpolicies/status").inc()
     fleet.freshness.mark(_freshness_key(record.key), body)
 
@@ -110,7 +115,12 @@ async def record_fault(job: Job, message: str, now: datetime, *, fleet: Fleet) -
     if not status_patch({"conditions": existing}, {"conditions": conditions}):
         return
     body = await fleet.kube.patch(
-        DRAIN_POLICIES, name, {"status": {"conditions": conditions}}, namespace, status=True
+        DRAIN_POLICIES,
+        name,
+        {"status": {"conditions": conditions}},
+        namespace,
+        status=True,
+        resource_version=(record.resource_version or None) if record is not None else None,
     )
     metrics.API_WRITES.labels("patch", "drainpolicies/status").inc()
     fleet.freshness.mark(_freshness_key(job.key), body)

@@ -399,7 +399,7 @@ async def run_operator(
     from sessionfleet.controllers.turns import WriteTurns
     from sessionfleet.controllers.work import WorkQueue
     from sessionfleet.kube import SESSIONS, Kube, KubeConfig
-    from sessionfleet.leader import LeaderElector, Leadership, Solo
+    from sessionfleet.leader import LeaderElector, Leadership, Solo, default_identity
     from sessionfleet.policy.events import Coalescer
 
     operator_log = logging.getLogger("sessionfleet.operator")
@@ -411,31 +411,40 @@ async def run_operator(
     kube_config = KubeConfig.load(config.kubeconfig)
     leadership: Leadership = Solo()
     if election is not None:
+        identity = default_identity()
         # Its own client: a renewal must not queue behind a burst of session writes.
         election_kube = Kube(
             kube_config,
             timeout=election.timing.renew_deadline.total_seconds(),
-            user_agent="sessionfleet-operator-election",
+            user_agent=f"sessionfleet-operator-election/{identity}",
         )
         leadership = LeaderElector(
-            election_kube, election.namespace, election.name, timing=election.timing
+            election_kube,
+            election.namespace,
+            election.name,
+            identity=identity,
+            timing=election.timing,
         )
 
     def may_write() -> bool:
         return leadership.leading
 
     http = httpx.AsyncClient()
-    kube = Kube(kube_config, user_agent="sessionfleet-operator", write_gate=may_write)
+    # Every replica names itself to the API server (its audit log records the agent).
+    user_agent = f"sessionfleet-operator/{leadership.identity}"
+    write_timeout = election.timing.write_timeout if election is not None else None
+    kube = Kube(
+        kube_config, user_agent=user_agent, write_gate=may_write, write_timeout=write_timeout
+    )
     drivers: dict[CheckpointDriver, Driver] = {
-        CheckpointDriver.ENGINE: EngineDriver(http),
-        # A kubelet checkpoint holds the request open while the runtime dumps memory.
+        CheckpointDriver.ENGINE: EngineDriver(http, write_gate=may_write),
+        # A kubelet checkpoint holds the request open while the runtime dumps memory: its
+        # gate is asked when it is admitted and when it is sent, its answer not bounded.
         CheckpointDriver.KUBELET: KubeletDriver(
-            Kube(
-                kube_config, timeout=660.0, user_agent="sessionfleet-operator", write_gate=may_write
-            )
+            Kube(kube_config, timeout=660.0, user_agent=user_agent, write_gate=may_write)
         ),
     }
-    if agents is not None and (criu := agents.driver(kube)) is not None:
+    if agents is not None and (criu := agents.driver(kube, write_gate=may_write)) is not None:
         drivers[CheckpointDriver.CRIU] = criu
     events = EventRecorder(
         kube, leadership.identity, coalescer=Coalescer(flush_every=config.event_series_seconds)
@@ -472,7 +481,7 @@ async def run_operator(
     supervisor.start("event recorder", events.run())
     # The session watches hold a connection each for as long as they run: a client of
     # their own, so that many namespaces' watches never take the writes' connections.
-    watch_kube = Kube(kube_config, user_agent="sessionfleet-operator")
+    watch_kube = Kube(kube_config, user_agent=user_agent)
     for source in session_sources:
         where = source.namespace or "the cluster"
         supervisor.start(

@@ -145,9 +145,17 @@ async def _act(
         await bind(fleet, session, now)
     elif decision.action is Action.DELETE:
         try:
-            await fleet.kube.delete(SESSIONS, session.name, session.namespace)
+            # Only the copy this was decided from: a session someone changed since
+            # (a router's turn, a user's) or recreated under its name is decided again.
+            await fleet.kube.delete(
+                SESSIONS,
+                session.name,
+                session.namespace,
+                uid=session.uid or None,
+                resource_version=session.resource_version or None,
+            )
             metrics.API_WRITES.labels("delete", "agentsessions").inc()
-        except NotFound:
+        except (NotFound, Conflict):
             pass
         # Until the watch reports the deletion, every pass of the loop would find the
         # session Finished past its TTL and delete it again: one 404 DELETE per pass.

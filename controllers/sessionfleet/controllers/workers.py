@@ -313,7 +313,7 @@ async def reconcile_worker(fleet: Fleet, record: WorkerRecord, now: datetime) ->
     if plan.create_pod:
         await _create_pod(fleet, record, worker, plan.epoch)
     for name in plan.delete_pods:
-        await _delete_pod(fleet, record.namespace, name)
+        await _delete_pod(fleet, record, name)
     await _apply_holds(fleet, record, worker, plan)
     if plan.migrate:
         await migrate_sessions(
@@ -392,7 +392,7 @@ async def _move_worker(
             start_checkpoint(fleet, created, now)
         return
     log.info("worker %s: moving to another node (migration scope Worker)", record.key)
-    await _delete_pod(fleet, record.namespace, plan.pod)
+    await _delete_pod(fleet, record, plan.pod)
 
 
 async def _create_pod(
@@ -427,12 +427,21 @@ async def _create_pod(
         pass  # created by an earlier attempt: the name is deterministic
 
 
-async def _delete_pod(fleet: Fleet, namespace: str, name: str) -> None:
+async def _delete_pod(fleet: Fleet, record: WorkerRecord, name: str) -> None:
+    # Only the pod the index shows (its uid): a namesake created since is not ours to
+    # delete. A resourceVersion would fail on every status update of the kubelet's.
+    pod = next((p for p in fleet.pods_of(record.key) if p.name == name), None)
     try:
-        await fleet.kube.delete(PODS, name, namespace, grace_period_seconds=30)
+        await fleet.kube.delete(
+            PODS,
+            name,
+            record.namespace,
+            uid=pod.uid if pod is not None else None,
+            grace_period_seconds=30,
+        )
         metrics.API_WRITES.labels("delete", "pods").inc()
-    except NotFound:
-        pass
+    except (NotFound, Conflict):
+        pass  # gone, or another incarnation: the next pass decides again
 
 
 HOLD_WRITE_PATIENCE_SECONDS = 5.0
@@ -500,7 +509,10 @@ async def _apply_holds(
                 await fleet.kube.create(PDBS, build_pdb(worker), record.namespace)
                 metrics.API_WRITES.labels("create", "poddisruptionbudgets").inc()
             else:
-                await fleet.kube.delete(PDBS, record.name, record.namespace)
+                # That PDB only (its uid, from the index), as the pods above.
+                await fleet.kube.delete(
+                    PDBS, record.name, record.namespace, uid=fleet.pdb_uid(record.key)
+                )
                 metrics.API_WRITES.labels("delete", "poddisruptionbudgets").inc()
         except (Conflict, NotFound):
             pass  # already as wanted
@@ -518,13 +530,16 @@ async def _apply_holds(
         HoldMechanism.KARPENTER_DO_NOT_DISRUPT in wanted,
         HoldMechanism.CLUSTER_AUTOSCALER_SAFE_TO_EVICT in wanted,
     )
+    # The uid in the patch is a precondition (a namesake refuses it: 422, uid is
+    # immutable); not the resourceVersion, which the kubelet's status updates keep moving.
+    metadata: dict[str, Any] = {"annotations": annotations}
+    if pod.uid:
+        metadata["uid"] = pod.uid
     try:
-        await fleet.kube.patch(
-            PODS, pod.name, {"metadata": {"annotations": annotations}}, record.namespace
-        )
+        await fleet.kube.patch(PODS, pod.name, {"metadata": metadata}, record.namespace)
         metrics.API_WRITES.labels("patch", "pods").inc()
         fleet.hold_writes[("annotations", pod_key)] = time.monotonic()
-    except NotFound:
-        pass
+    except (NotFound, Conflict):
+        pass  # gone, or another incarnation: the next pass decides again
     except KubeError as error:
         log.warning("cannot annotate pod %s/%s: %s", record.namespace, pod.name, error)

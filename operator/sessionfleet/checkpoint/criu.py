@@ -61,6 +61,8 @@ from sessionfleet.checkpoint.driver import (
     CheckpointTarget,
     DriverError,
     DriverUnavailable,
+    WriteGate,
+    check_gate,
 )
 from sessionfleet.checkpoint.paths import checked_path
 from sessionfleet.kube import NODES, PODS, Kube, KubeError
@@ -807,9 +809,12 @@ class CriuDriver:
         timeout: float = 900.0,
         token: str | None = None,
         tokens: AgentTokens | None = None,
+        write_gate: WriteGate | None = None,
     ) -> None:
         self.http = http
         self.kube = kube
+        self.write_gate = write_gate
+        """Asked before every call to an agent (:func:`~.driver.check_gate`)."""
         self.token = token
         self.tokens = tokens
         self.locate = locate or node_address_locator(kube)
@@ -827,6 +832,7 @@ class CriuDriver:
             except KubeError as error:
                 raise DriverError(f"no token for the node agent on {node}: {error}") from error
         headers = {"Authorization": f"Bearer {token}"} if token else {}
+        check_gate(self.write_gate, f"node agent on {node}: {path}")
         try:
             response = await self.http.post(
                 f"{base}{path}", json=body, headers=headers, timeout=self.timeout
@@ -940,7 +946,7 @@ class AgentAccess:
     ca_file: str | None = None
     """The CA that signed the agents' certificates; ``None``: encrypted, unverified."""
 
-    def driver(self, kube: Kube) -> CriuDriver | None:
+    def driver(self, kube: Kube, write_gate: WriteGate | None = None) -> CriuDriver | None:
         """Return the criu driver, or ``None`` when the operator has no way to authenticate."""
         token, tokens = None, None
         if self.service_account:
@@ -952,7 +958,9 @@ class AgentAccess:
             return None
         http = httpx.AsyncClient(verify=agent_ssl_context(self.ca_file))
         locate = node_address_locator(kube, self.port)
-        return CriuDriver(http, kube, locate=locate, token=token, tokens=tokens)
+        return CriuDriver(
+            http, kube, locate=locate, token=token, tokens=tokens, write_gate=write_gate
+        )
 
 
 __all__ = [

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -15,6 +15,25 @@ class DriverError(Exception):
 
 class DriverUnavailable(DriverError):
     """The driver cannot work here at all (capability missing); nothing was attempted."""
+
+
+class NotLeadingDriver(DriverError):
+    """Refused, unsent: this operator replica may not act on workers now (not the leader)."""
+
+
+WriteGate = Callable[[], bool]
+"""Whether this process may act on the fleet now (the operator's leader election)."""
+
+
+def check_gate(gate: WriteGate | None, what: str) -> None:
+    """Raise :class:`NotLeadingDriver` when ``gate`` is closed; ``what`` names the call.
+
+    Asked just before each call that acts on a worker is sent, as the API client asks
+    before each write: a replica deposed while a checkpoint waited does not pause,
+    dump or load an engine that its successor now drives.
+    """
+    if gate is not None and not gate():
+        raise NotLeadingDriver(f"{what}: not sent, this process is not the leader")
 
 
 @dataclass(frozen=True, slots=True)

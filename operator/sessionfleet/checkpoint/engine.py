@@ -25,7 +25,13 @@ from typing import Any
 import httpx
 
 from sessionfleet.api import CheckpointDriver, EngineType
-from sessionfleet.checkpoint.driver import CheckpointOutcome, CheckpointTarget, DriverError
+from sessionfleet.checkpoint.driver import (
+    CheckpointOutcome,
+    CheckpointTarget,
+    DriverError,
+    WriteGate,
+    check_gate,
+)
 from sessionfleet.checkpoint.paths import session_directory
 from sessionfleet.kvstore.wire import CONTROL_KEY
 
@@ -39,11 +45,20 @@ class EngineDriver:
 
     name = CheckpointDriver.ENGINE
 
-    def __init__(self, http: httpx.AsyncClient, timeout: float = 120.0) -> None:
+    def __init__(
+        self,
+        http: httpx.AsyncClient,
+        timeout: float = 120.0,
+        *,
+        write_gate: WriteGate | None = None,
+    ) -> None:
         self.http = http
         self.timeout = timeout
+        self.write_gate = write_gate
+        """Asked before every call to an engine (:func:`~.driver.check_gate`)."""
 
     async def _call(self, target: CheckpointTarget, path: str, body: dict[str, Any]) -> Any:
+        check_gate(self.write_gate, f"engine at {target.endpoint}: {path}")
         try:
             response = await self.http.post(
                 f"{target.endpoint}{path}", json=body, timeout=self.timeout

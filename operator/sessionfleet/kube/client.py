@@ -8,9 +8,13 @@ event loop: kopf handlers and the router call it directly.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import json
+import os
 import ssl
 from collections.abc import AsyncIterator, Callable, Mapping
+from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlencode, urlsplit
 from urllib.request import getproxies, proxy_bypass
@@ -43,6 +47,10 @@ MAX_IN_FLIGHT = 64
 """Requests open at once per client (watches aside), as many connections kept open."""
 KEEPALIVE_SECONDS = 5.0
 """A connection idle for longer is closed (httpx's default)."""
+HOLD_WRITES_ENV = "SESSIONFLEET_TEST_HOLD_WRITES"
+"""Test-only (e2e/test_leader.py): while the file this names exists, every write waits
+just after its gate check, as in a process paused at that instant, and a file beside it
+(``.held``) says one does. Never set in production."""
 
 
 def environment_proxy(server: str) -> str | None:
@@ -69,6 +77,13 @@ def _ssl_context(config: KubeConfig) -> ssl.SSLContext:
     return context
 
 
+async def _held(hold: Path) -> None:
+    """Wait while ``hold`` exists (:data:`HOLD_WRITES_ENV`)."""
+    while hold.exists():
+        hold.with_suffix(".held").touch()
+        await asyncio.sleep(0.05)
+
+
 Page = list[dict[str, Any]]
 """One page of a chunked LIST (the name, because ``Kube.list`` hides the builtin)."""
 
@@ -84,13 +99,20 @@ class Kube:
         field_manager: str = FIELD_MANAGER,
         user_agent: str = "sessionfleet",
         write_gate: Callable[[], bool] | None = None,
+        write_timeout: float | None = None,
         max_in_flight: int = MAX_IN_FLIGHT,
         connect: Connect | None = None,
     ) -> None:
         """Bind a client to ``config``.
 
-        ``write_gate``, when given, is asked before every request but a GET: while it
-        answers false the request is refused with :class:`NotLeading`, unsent.
+        ``write_gate``, when given, is asked before every request but a GET, when it is
+        admitted and again when it is sent (once it has its turn and a connection):
+        while it answers false the request is refused with :class:`NotLeading`, unsent.
+        ``write_timeout``, when given, bounds such a request's whole life, from admission
+        to its answer (queue, connection, sending, the API server's work, which is told
+        the same deadline): a write admitted while the gate was open lands within that
+        time or not at all (docs/operator.md, "Fencing"). The timeout is
+        :class:`ApiUnavailable`, as any request without an answer.
         At most ``max_in_flight`` requests (watches aside) are open at once; the others
         wait their turn, first come first served (:mod:`sessionfleet.kube.connections`).
         ``connect`` replaces the requests' connections (a benchmark's in-process server).
@@ -98,6 +120,8 @@ class Kube:
         self.config = config
         self.field_manager = field_manager
         self.write_gate = write_gate
+        self.write_timeout = write_timeout
+        self._hold_writes = os.environ.get(HOLD_WRITES_ENV) if write_gate is not None else None
         self._server = config.server.rstrip("/")
         self._timeout = httpx.Timeout(timeout, connect=10.0)
         self._request_timeout = self._timeout.as_dict()
@@ -160,8 +184,39 @@ class Kube:
         content_type: str = "application/json",
     ) -> dict[str, Any]:
         """Send one request; return the decoded JSON answer or raise a KubeError."""
-        if method != "GET" and self.write_gate is not None and not self.write_gate():
+        if method == "GET":
+            return await self._send(method, path, params, body, content_type, None)
+        self._check_gate(method, path)
+        if self.write_timeout is None:
+            if self._hold_writes:
+                await _held(Path(self._hold_writes))
+            return await self._send(method, path, params, body, content_type, self._check_gate)
+        # The API server is given the same deadline (its ``timeout`` parameter): a write
+        # it has not done by then, waiting in its own queues, it no longer does.
+        params = {**(params or {}), "timeout": f"{max(int(self.write_timeout), 1)}s"}
+        try:
+            async with asyncio.timeout(self.write_timeout):
+                if self._hold_writes:
+                    await _held(Path(self._hold_writes))
+                return await self._send(method, path, params, body, content_type, self._check_gate)
+        except TimeoutError as error:
+            raise ApiUnavailable(
+                0, f"{method} {path}: no answer within {self.write_timeout:g} s"
+            ) from error
+
+    def _check_gate(self, method: str = "", path: str = "") -> None:
+        if self.write_gate is not None and not self.write_gate():
             raise NotLeading(0, f"{method} {path}: not sent, this process is not the leader")
+
+    async def _send(
+        self,
+        method: str,
+        path: str,
+        params: Mapping[str, str | int] | None,
+        body: Any,
+        content_type: str,
+        gate: Callable[[str, str], None] | None,
+    ) -> dict[str, Any]:
         target = f"{self._prefix}{path}?{urlencode(params)}" if params else self._prefix + path
         headers = [(b"Host", self._host_header), *self._request_headers]
         token = self.config.bearer_token()
@@ -180,7 +235,8 @@ class Kube:
             extensions={"timeout": self._request_timeout},
         )
         try:
-            answer = await self._requests.send(request)
+            ready = None if gate is None else functools.partial(gate, method, path)
+            answer = await self._requests.send(request, ready)
             text = decoded(answer)
         except TRANSPORT_ERRORS as error:
             raise ApiUnavailable(0, f"{method} {path}: {error!r}") from error
@@ -299,19 +355,23 @@ class Kube:
         namespace: str | None = None,
         *,
         uid: str | None = None,
-        resource_version: str | None = None,
+        resource_version: int | str | None = None,
         grace_period_seconds: int | None = None,
         propagation: str | None = None,
     ) -> dict[str, Any]:
         """Delete an object; with ``uid``, only that incarnation of the name.
 
-        With ``resource_version`` too, only if nobody wrote it since that version (409
-        :class:`Conflict` otherwise).
+        With ``resource_version`` too, only that version of it (:class:`Conflict`
+        otherwise): a delete decided from a copy that someone has since changed fails.
         """
         options: dict[str, Any] = {"kind": "DeleteOptions", "apiVersion": "v1"}
-        preconditions = {"uid": uid, "resourceVersion": resource_version}
-        if any(preconditions.values()):
-            options["preconditions"] = {k: v for k, v in preconditions.items() if v}
+        preconditions: dict[str, str] = {}
+        if uid:
+            preconditions["uid"] = uid
+        if resource_version:
+            preconditions["resourceVersion"] = str(resource_version)
+        if preconditions:
+            options["preconditions"] = preconditions
         if grace_period_seconds is not None:
             options["gracePeriodSeconds"] = grace_period_seconds
         if propagation:

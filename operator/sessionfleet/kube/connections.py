@@ -117,10 +117,23 @@ class Connections:
         # (when it was given back, connection); the newest on the right.
         self._idle: deque[tuple[float, httpcore.AsyncConnectionInterface]] = deque()
 
-    async def send(self, request: httpcore.Request) -> Answer:
-        """Send ``request`` and read its whole answer; httpcore's errors pass through."""
+    async def send(
+        self, request: httpcore.Request, ready: Callable[[], None] | None = None
+    ) -> Answer:
+        """Send ``request`` and read its whole answer; httpcore's errors pass through.
+
+        ``ready``, when given, is called once the request has its turn and a connection,
+        just before it is sent: what it raises passes through, the request unsent (the
+        write gate, asked again at the last moment: the wait may have been long).
+        """
         async with self._turns:
             connection = await self._take()
+            if ready is not None:
+                try:
+                    ready()
+                except BaseException:
+                    await self._give_back(connection)
+                    raise
             try:
                 answer = await _exchange(connection, request)
             except BaseException:

@@ -26,6 +26,10 @@ from typing import Any, Final
 
 JITTER_FACTOR: Final = 1.2
 """client-go's: a retry waits up to this factor times the retry period."""
+WRITE_SHARE_OF_MARGIN: Final = 0.8
+"""A write's whole life is bounded by this share of the margin; the rest allows for the
+two replicas' clocks running at slightly different rates and for the time a renewal's
+answer takes to come back."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +39,23 @@ class ElectionTiming:
     lease_duration: timedelta = timedelta(seconds=15)
     renew_deadline: timedelta = timedelta(seconds=10)
     retry_period: timedelta = timedelta(seconds=2)
+
+    @property
+    def margin(self) -> float:
+        """Seconds between the leader's gate closing and the earliest takeover."""
+        return (self.lease_duration - self.renew_deadline).total_seconds()
+
+    @property
+    def write_timeout(self) -> float:
+        """The longest a write may take, from its gate check to its answer.
+
+        A write admitted while the gate was open (before ``renewed_at + renew_deadline``)
+        and bounded by this lands before ``renewed_at + lease_duration``: before any
+        standby, which waits a whole lease duration from when it saw that renewal
+        (after it was sent), may take over. So ``write_timeout < lease_duration -
+        renew_deadline`` (docs/operator.md, "Fencing").
+        """
+        return self.margin * WRITE_SHARE_OF_MARGIN
 
     def problems(self) -> list[str]:
         """Return what is wrong with these settings (client-go's checks); empty if valid."""

@@ -42,6 +42,8 @@ class PodState:
     message: str = ""
     holds: frozenset[HoldMechanism] = frozenset()
     """The hold annotations the pod carries (Karpenter's, cluster-autoscaler's)."""
+    uid: str = ""
+    """The pod's uid: the operator's writes to it name it, so they miss a namesake."""
 
 
 def _parse_time(value: Any) -> datetime | None:
@@ -112,6 +114,7 @@ def pod_state(body: Mapping[str, Any], epoch_label: str) -> PodState:
         node=spec.get("nodeName"),
         pod_ip=status.get("podIP"),
         deleting=bool(meta.get("deletionTimestamp")),
+        uid=str(meta.get("uid") or ""),
         holds=pod_holds(meta.get("annotations") or {}),
         terminated=terminated is not None,
         message=message,
