@@ -434,6 +434,27 @@ def test_liveness_endpoint(operator: OperatorProcess, crs: Custom) -> None:
     assert response.status_code == 200
 
 
+def finished_then_deleted(
+    operator: OperatorProcess, crs: Custom, name: str, reason: str
+) -> dict[str, Any]:
+    """Wait for the session to finish for ``reason``, then to be deleted; its last status."""
+    wait_for(
+        operator,
+        lambda: condition(crs.status("agentsessions", name), "Ready").get("reason") == reason,
+        timeout=30,
+        what=f"session {name} Finished ({reason})",
+    )
+    status = crs.status("agentsessions", name)
+    assert status["phase"] == "Finished" and status["finishedAt"]
+    wait_for(
+        operator,
+        lambda: not crs.list("agentsessions"),
+        timeout=30,
+        what=f"the finished session {name} deleted after its TTL",
+    )
+    return status
+
+
 def test_idle_sessions_finish_and_expire(
     cluster: LocalCluster, namespace: str, crds_installed: None, crs: Custom, tmp_path: Path
 ) -> None:
@@ -444,22 +465,7 @@ def test_idle_sessions_finish_and_expire(
         ready_workers(crs, 1, operator)
         crs.create(session("idle", ttlSecondsAfterFinished=3))
         wait_until(crs.all_in_phase("agentsessions", "Bound", 1), timeout=30, what="bound")
-        wait_for(
-            operator,
-            lambda: (
-                condition(crs.status("agentsessions", "idle"), "Ready").get("reason")
-                == "IdleTimeout"
-            ),
-            timeout=30,
-            what="the idle session Finished",
-        )
-        assert crs.status("agentsessions", "idle")["finishedAt"]
-        wait_for(
-            operator,
-            lambda: not crs.list("agentsessions"),
-            timeout=30,
-            what="the finished session deleted after its TTL",
-        )
+        finished_then_deleted(operator, crs, "idle", "IdleTimeout")
     finally:
         operator.stop()
 
@@ -483,23 +489,7 @@ def test_lost_sessions_finish_and_are_deleted_after_the_lost_timeout(
             timeout=30,
             what="the session Lost",
         )
-        wait_for(
-            operator,
-            lambda: (
-                condition(crs.status("agentsessions", "lost"), "Ready").get("reason")
-                == "LostExpired"
-            ),
-            timeout=30,
-            what="the Lost session Finished after the lost-session timeout",
-        )
-        status = crs.status("agentsessions", "lost")
-        assert status["phase"] == "Finished" and status["finishedAt"]
+        status = finished_then_deleted(operator, crs, "lost", "LostExpired")
         assert "ttlSecondsAfterFinished" in condition(status, "Ready")["message"]
-        wait_for(
-            operator,
-            lambda: not crs.list("agentsessions"),
-            timeout=30,
-            what="the finished session deleted after its TTL",
-        )
     finally:
         operator.stop()
