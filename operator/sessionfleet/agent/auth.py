@@ -103,7 +103,6 @@ def token_review(token: str, audience: str | None) -> dict[str, Any]:
 @dataclass(frozen=True, slots=True)
 class _Accepted:
     username: str
-    audience: str | None
     until: float
 
 
@@ -157,7 +156,7 @@ class TokenReviewer:
             if len(self._accepted) >= MAX_CACHED_TOKENS:
                 self._accepted.clear()
             username = str((status.get("user") or {}).get("username"))
-            self._accepted[key] = _Accepted(username, audience, self.clock() + REVIEW_CACHE_SECONDS)
+            self._accepted[key] = _Accepted(username, self.clock() + REVIEW_CACHE_SECONDS)
         return refused
 
 

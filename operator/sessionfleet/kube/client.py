@@ -187,19 +187,18 @@ class Kube:
         if method == "GET":
             return await self._send(method, path, params, body, content_type, None)
         self._check_gate(method, path)
-        if self.write_timeout is None:
-            if self._hold_writes:
-                await _held(Path(self._hold_writes))
-            return await self._send(method, path, params, body, content_type, self._check_gate)
-        # The API server is given the same deadline (its ``timeout`` parameter): a write
-        # it has not done by then, waiting in its own queues, it no longer does.
-        params = {**(params or {}), "timeout": f"{max(int(self.write_timeout), 1)}s"}
+        if self.write_timeout is not None:
+            # The API server is given the same deadline (its ``timeout`` parameter): a
+            # write it has not done by then, waiting in its own queues, it no longer does.
+            params = {**(params or {}), "timeout": f"{max(int(self.write_timeout), 1)}s"}
         try:
-            async with asyncio.timeout(self.write_timeout):
+            async with asyncio.timeout(self.write_timeout):  # None: no bound
                 if self._hold_writes:
                     await _held(Path(self._hold_writes))
                 return await self._send(method, path, params, body, content_type, self._check_gate)
         except TimeoutError as error:
+            if self.write_timeout is None:
+                raise
             raise ApiUnavailable(
                 0, f"{method} {path}: no answer within {self.write_timeout:g} s"
             ) from error

@@ -66,7 +66,7 @@ class LeaseKeeper:
 
     def _hold(self, name: str, written: dict[str, Any]) -> None:
         self.slot = name
-        self._version = str((written.get("metadata") or {}).get("resourceVersion") or "") or None
+        self._version = resource_version(written) or None
 
     async def renew(self) -> None:
         """Renew the slot held, or claim one."""
