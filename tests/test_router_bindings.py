@@ -151,3 +151,16 @@ def test_rendezvous_is_stable_and_moves_little() -> None:
     moved = {k for k in keys if after[k] != first[k]}
     assert moved == {k for k in keys if first[k] == "w0"}
     assert table.rendezvous("other", "x") is None
+
+
+def test_a_drain_asked_for_closes_a_worker_to_new_sessions_before_its_status_says_so() -> None:
+    table = BindingTable()
+    asked = worker("w1")
+    asked["spec"]["drain"] = True  # the operator has not written Draining yet
+    table.replace_workers([asked, worker("w2")])
+    w1 = table.workers["w1"]
+    assert not w1.ready and w1.serving  # bound sessions still reach it, new ones do not
+    picked = place(PlacementRequest(model="m"), table.loads())
+    assert picked.worker == "w2"
+    table.replace_workers([asked])
+    assert place(PlacementRequest(model="m"), table.loads()).worker is None

@@ -15,8 +15,8 @@ from collections import Counter
 from collections.abc import Callable, KeysView
 from dataclasses import dataclass, field
 
-from sessionfleet.api import WorkerPhase
 from sessionfleet.controllers.records import Key, WorkerRecord
+from sessionfleet.policy.holds import takes_new_sessions
 from sessionfleet.policy.placement import RANK, WorkerLoad
 from sessionfleet.policy.sessions import SessionState
 
@@ -105,7 +105,7 @@ def placement_identity(record: WorkerRecord) -> tuple[str, bool, int, int] | Non
     if worker is None:
         return None
     spec = worker.spec
-    ready = worker.status.phase is WorkerPhase.READY and not spec.drain
+    ready = takes_new_sessions(worker.status.phase, spec.drain)
     return (spec.model, ready, spec.capacity.max_sessions, spec.capacity.kv_tokens)
 
 

@@ -47,8 +47,10 @@ from sessionfleet.api import (
     parse_duration,
 )
 from sessionfleet.api._common import ObjectMeta
+from sessionfleet.policy import holds
 from sessionfleet.policy.drain import PolicyChoice, resolve_policy
 from sessionfleet.policy.handshake import acks_of
+from sessionfleet.policy.holds import holds_worker, takes_new_sessions
 from sessionfleet.policy.placement import Placement, PlacementRequest, WorkerLoad, place
 from sessionfleet.resources.labels import WORKER_LABEL
 
@@ -302,10 +304,7 @@ def session_phase(session: AgentSession) -> str:
 
 def pinned(session: AgentSession) -> bool:
     """Whether the session holds its worker: bound and not over (as the operator counts)."""
-    return session.status.worker is not None and session.status.phase not in (
-        SessionPhase.FINISHED,
-        SessionPhase.LOST,
-    )
+    return holds_worker(session.status.worker, session.status.phase)
 
 
 def context_tokens(session: AgentSession) -> int:
@@ -314,8 +313,7 @@ def context_tokens(session: AgentSession) -> int:
     The same figure placement weighs against a worker's KV capacity
     (``SessionState.context_tokens``); 0 before the first turn is counted.
     """
-    status = session.status
-    return (status.prompt_tokens or 0) // status.turns if status.turns else 0
+    return holds.context_tokens(session.status.prompt_tokens, session.status.turns)
 
 
 def phase_totals(sessions: Iterable[AgentSession]) -> dict[str, int]:
@@ -674,7 +672,7 @@ def loads(snap: Snapshot, namespace: str) -> list[WorkerLoad]:
             WorkerLoad(
                 name=worker.metadata.name,
                 model=worker.spec.model,
-                ready=worker.status.phase is WorkerPhase.READY and not worker.spec.drain,
+                ready=takes_new_sessions(worker.status.phase, worker.spec.drain),
                 pinned_sessions=len(held),
                 max_sessions=worker.spec.capacity.max_sessions,
                 kv_tokens_capacity=worker.spec.capacity.kv_tokens,

@@ -13,6 +13,7 @@ from enum import Enum, IntEnum
 from typing import Any
 
 from sessionfleet.api import Reason, SessionPhase, WorkerPhase
+from sessionfleet.policy.holds import context_tokens, holds_worker
 
 DEFAULT_IDLE_TIMEOUT = timedelta(minutes=30)
 DEFAULT_LOST_TIMEOUT = timedelta(minutes=30)
@@ -67,15 +68,12 @@ class SessionState:
     @property
     def pinned(self) -> bool:
         """Whether the session holds its worker: bound and not over."""
-        return self.worker is not None and self.phase not in (
-            SessionPhase.FINISHED,
-            SessionPhase.LOST,
-        )
+        return holds_worker(self.worker, self.phase)
 
     @property
     def context_tokens(self) -> int:
         """An estimate of the session's prefix: the mean prompt of its turns so far."""
-        return self.prompt_tokens // self.turns if self.turns else 0
+        return context_tokens(self.prompt_tokens, self.turns)
 
 
 @dataclass(frozen=True, slots=True)

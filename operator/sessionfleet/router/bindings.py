@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from sessionfleet.api import SessionPhase, WorkerPhase
+from sessionfleet.policy.holds import holds_worker, takes_new_sessions
 from sessionfleet.policy.placement import WorkerLoad
 from sessionfleet.resources.labels import (
     CREATED_BY_ANNOTATION,
@@ -36,7 +37,6 @@ SERVING_PHASES: Final = frozenset({WorkerPhase.READY.value, WorkerPhase.DRAINING
 """A worker in these phases serves the sessions bound to it (a draining one takes no new)."""
 HELD_PHASES: Final = frozenset({SessionPhase.MIGRATING.value, SessionPhase.RESTORING.value})
 """A turn of a session in these phases waits for the operator to bind it again."""
-_UNPINNED_PHASES: Final = frozenset({SessionPhase.FINISHED.value, SessionPhase.LOST.value})
 
 
 @dataclass(slots=True)
@@ -50,13 +50,15 @@ class WorkerView:
     max_sessions: int
     kv_tokens: int
     kv_usage: float
+    drain_requested: bool = False
+    """``spec.drain``: asked to drain, whether or not the operator has acted yet."""
     in_flight: int = 0
     """Requests this router replica has sent to the worker and not finished."""
 
     @property
     def ready(self) -> bool:
         """Whether new sessions and stateless requests may go here."""
-        return self.phase == WorkerPhase.READY.value and bool(self.endpoint)
+        return takes_new_sessions(self.phase, self.drain_requested) and bool(self.endpoint)
 
     @property
     def serving(self) -> bool:
@@ -78,6 +80,7 @@ class WorkerView:
             max_sessions=int(capacity.get("maxSessions", 32)),
             kv_tokens=int(capacity.get("kvTokens", 0)),
             kv_usage=float(usage) / 100 if isinstance(usage, int | float) else 0.0,
+            drain_requested=spec.get("drain") is True,
         )
 
 
@@ -111,7 +114,7 @@ class SessionView:
     @property
     def pins_worker(self) -> bool:
         """Whether it counts against its worker's capacity."""
-        return self.worker is not None and self.phase not in _UNPINNED_PHASES
+        return holds_worker(self.worker, self.phase)
 
     @classmethod
     def from_object(cls, obj: Mapping[str, Any]) -> SessionView:
