@@ -1,97 +1,263 @@
-"""Events: which status changes become which Events, how repeats coalesce, the bodies."""
+"""Events: which decisions become which Events, how repeats coalesce, the bodies."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sessionfleet.api import Reason
-from sessionfleet.policy.events import (
-    MAX_NOTE_CHARS,
-    Coalescer,
-    EventType,
-    Notice,
-    merged,
-    worker_notices,
-)
+import pytest
+
+from sessionfleet.api import InferenceWorkerStatus, Reason
+from sessionfleet.controllers.config import OperatorConfig
+from sessionfleet.controllers.fleet import EngineStats, Fleet
+from sessionfleet.controllers.records import worker_record
+from sessionfleet.controllers.workers import desired_status, metrics_notices
+from sessionfleet.policy.drain import DEFAULT_POLICY, PinnedSession, PolicyChoice
+from sessionfleet.policy.events import MAX_NOTE_CHARS, Coalescer, EventType, Notice
+from sessionfleet.policy.observed import NodeState, PodState
+from sessionfleet.policy.recovery import RecoveryBlock
+from sessionfleet.policy.worker import WorkerObservation, WorkerPlan, plan_worker
 from sessionfleet.resources.events import ObjectRef, event_body, event_name, series_patch
 
+NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+SPEC = {"model": "m", "engine": {"type": "sim"}, "gpus": 1}
+POD = PodState("w-1", 1, "Running", scheduled=True, ready=True, node="n1", pod_ip="127.1.0.4")
+FAILING = replace(POD, name="w-2", epoch=2, phase="Failed", ready=False, terminated=True)
+NODE = NodeState("n1")
+CORDONED = NodeState("n1", unschedulable=True)
+NOT_READY = NodeState("n1", ready=False, not_ready_since=NOW - timedelta(minutes=5))
+READY: dict[str, Any] = {"phase": "Ready", "epoch": 1, "pod": "w-1"}
+DEFAULT = PolicyChoice(None, DEFAULT_POLICY)
+MISSING = PolicyChoice(None, DEFAULT_POLICY, Reason.POLICY_NOT_FOUND, "no DrainPolicy nowhere")
 
-def condition(kind: str, status: str, reason: str, message: str = "") -> dict[str, str]:
-    return {"type": kind, "status": status, "reason": reason, "message": message}
+
+def body(status: Mapping[str, Any], spec: Mapping[str, Any] = SPEC) -> dict[str, Any]:
+    return {
+        "apiVersion": "sessionfleet.dev/v1alpha1",
+        "kind": "InferenceWorker",
+        "metadata": {"name": "w", "namespace": "ns", "generation": 1, "resourceVersion": "1"},
+        "spec": dict(spec),
+        "status": dict(status),
+    }
 
 
-READY: dict[str, Any] = {
-    "phase": "Ready",
-    "epoch": 1,
-    "conditions": [condition("DrainHeld", "True", "SessionsPinned", "eviction blocked by pdb")],
-}
+def plan(
+    status: Mapping[str, Any],
+    pods: tuple[PodState, ...] = (POD,),
+    node: NodeState | None = NODE,
+    pinned: int = 0,
+    policy: PolicyChoice = DEFAULT,
+    block: RecoveryBlock | None = None,
+    now: datetime = NOW,
+    spec: Mapping[str, Any] = SPEC,
+) -> WorkerPlan:
+    worker = worker_record(body(status, spec)).worker
+    assert worker is not None
+    return plan_worker(
+        WorkerObservation(
+            name="w",
+            spec=worker.spec,
+            status=InferenceWorkerStatus.model_validate(status),
+            pods=pods,
+            node=node,
+            pinned=[PinnedSession(f"s{i}") for i in range(pinned)],
+            policy=policy,
+            now=now,
+            recovery_block=block,
+        )
+    )
 
 
-def reasons(notices: list[Notice]) -> list[str]:
+def written(
+    status: Mapping[str, Any], decided: WorkerPlan, fleet: Fleet | None = None
+) -> dict[str, Any]:
+    """Return the status the operator writes for a plan (its own builder), as stored."""
+    fleet = fleet or Fleet(config=OperatorConfig(), kube=None, http=None)  # type: ignore[arg-type]
+    record = worker_record(body(status))
+    assert record.worker is not None
+    desired = desired_status(fleet, record, record.worker, decided, NOW)
+    return {key: value for key, value in desired.items() if value is not None}
+
+
+def reasons(notices: tuple[Notice, ...]) -> list[str]:
     return [n.reason for n in notices]
 
 
-def test_a_drain_that_starts_with_sessions_pinned_is_started_and_held_then_completed() -> None:
-    draining = merged(
-        READY,
-        {
-            "phase": "Draining",
-            "conditions": [
-                *READY["conditions"],
-                condition("Draining", "True", "SessionsPinned", "node cordoned; waiting"),
-            ],
-        },
+def test_a_drain_tells_its_story_once_started_held_at_its_deadline_completed() -> None:
+    # Ready with sessions pinned: a hold outside a drain is no drain Event.
+    held = plan(READY, pinned=3)
+    assert held.notices == ()
+    status = written(READY, held)
+
+    started = plan(status, node=CORDONED, pinned=3)
+    assert reasons(started.notices) == ["DrainStarted", "DrainHeld"]
+    draining = next(c for c in started.conditions if c.type.value == "Draining")
+    assert started.notices[0].note == draining.message
+    assert "triggered by NodeCordoned (default policy)" in started.notices[0].note
+    assert started.notices[1].note == (
+        "3 session(s) pinned: sessions are pinned: eviction blocked by "
+        "ClusterAutoscalerSafeToEvict, KarpenterDoNotDisrupt, PodDisruptionBudget"
     )
-    notices = worker_notices(READY, draining, pinned_sessions=3)
-    assert reasons(notices) == ["DrainStarted", "DrainHeld"]
-    assert notices[0].note == "node cordoned; waiting"
-    assert notices[1].note.startswith("3 session(s) pinned")
-    # The next pass writes the same phase and conditions: nothing new to say.
-    assert worker_notices(draining, draining, pinned_sessions=3) == []
-    drained = merged(draining, {"phase": "Drained"})
-    assert reasons(worker_notices(draining, drained, 0)) == ["DrainCompleted"]
+    status = written(status, started)
+    # The next passes observe the Draining status: nothing new to say, though the drain
+    # moves on to migrating its sessions after the grace period.
+    assert plan(status, node=CORDONED, pinned=3).notices == ()
+    migrating = plan(status, node=CORDONED, pinned=3, now=NOW + timedelta(minutes=3))
+    assert migrating.migrate and migrating.notices == ()
+    status = written(status, migrating)
+
+    deadline = plan(status, node=CORDONED, pinned=2, now=NOW + timedelta(minutes=11))
+    assert reasons(deadline.notices) == ["DrainDeadlineReached"]
+    assert deadline.notices[0].note.startswith("deadline 10m passed with 2 session(s) pinned")
+    status = written(status, deadline)
+    assert plan(status, node=CORDONED, pinned=2, now=NOW + timedelta(minutes=12)).notices == ()
+
+    completed = plan(status, node=CORDONED, now=NOW + timedelta(minutes=13))
+    assert [(n.type, n.reason, n.action, n.note) for n in completed.notices] == [
+        (EventType.NORMAL, "DrainCompleted", "Drain", "no session is pinned any more")
+    ]
+    status = written(status, completed)
+    assert plan(status, node=CORDONED, now=NOW + timedelta(minutes=14)).notices == ()
 
 
-def test_a_hold_outside_a_drain_is_no_drain_event() -> None:
-    bound = merged(READY, {"conditions": [condition("DrainHeld", "True", "SessionsPinned")]})
-    assert worker_notices({"phase": "Ready", "epoch": 1}, bound, 1) == []
+def test_sessions_pinned_while_a_drain_runs_hold_it() -> None:
+    unheld = {
+        **READY,
+        "phase": "Draining",
+        "drainStartedAt": NOW.isoformat(),
+        "conditions": [
+            {
+                "type": "DrainHeld",
+                "status": "False",
+                "reason": "Drained",
+                "lastTransitionTime": NOW.isoformat(),
+            }
+        ],
+    }
+    held = plan(unheld, node=CORDONED, pinned=2)
+    assert reasons(held.notices) == ["DrainHeld"]
+    assert held.notices[0].note.startswith("2 session(s) pinned: ")
 
 
-def test_the_deadline_a_new_epoch_and_the_warnings() -> None:
-    old = {"phase": "Draining", "epoch": 1, "conditions": []}
-    deadline = merged(
-        old, {"conditions": [condition("Draining", "True", "DeadlineReached", "hold released")]}
+def test_a_new_epoch_says_what_it_replaces_and_why() -> None:
+    lost = plan(READY, pods=())
+    assert [(n.reason, n.note) for n in lost.notices] == [
+        ("EpochReplaced", "epoch 2 replaces epoch 1: PodDeleted")
+    ]
+    failed = replace(POD, phase="Failed", ready=False, terminated=True)
+    assert plan(READY, pods=(failed,)).notices[0].note.endswith(": PodFailed")
+    moved = plan(READY, node=NOT_READY)
+    assert moved.notices[0].note == "epoch 2 replaces epoch 1: NodeNotReady"
+    # Back from a requested drain: a fresh epoch, no recovery.
+    back = plan({"phase": "Drained", "epoch": 1}, pods=())
+    assert [(n.reason, n.note) for n in back.notices] == [
+        ("EpochReplaced", "epoch 2 replaces epoch 1: NewEpoch")
+    ]
+    # The very first epoch replaces nothing.
+    assert plan({}, pods=()).notices == ()
+
+
+def recovering() -> dict[str, Any]:
+    """Return the status written when epoch 1 was lost at NOW and epoch 2's pod was made."""
+    lost = written(READY, plan(READY, pods=()))
+    starting = replace(FAILING, phase="Pending", terminated=False)
+    return written(lost, plan(lost, pods=(starting,), now=NOW + timedelta(seconds=1)))
+
+
+def test_recovery_warnings_backing_off_and_capped() -> None:
+    # Epoch 2 fails 5 s into its first recovery: the next waits 10 s from it.
+    backing_off = plan(recovering(), pods=(FAILING,), now=NOW + timedelta(seconds=5))
+    assert [(n.type, n.reason) for n in backing_off.notices] == [
+        (EventType.WARNING, "RecoveryBackingOff")
+    ]
+    assert backing_off.notices[0].note == (
+        "1 epoch(s) in a row failed before Ready; epoch 3 starts in 5s"
     )
-    assert reasons(worker_notices(old, deadline, 2)) == ["DrainDeadlineReached"]
-
-    replaced = worker_notices(
-        {"phase": "Ready", "epoch": 1}, {"phase": "Recovering", "epoch": 2}, 0, Reason.POD_FAILED
-    )
-    assert [(n.reason, n.note) for n in replaced] == [
-        ("EpochReplaced", "epoch 2 replaces epoch 1: PodFailed")
+    block = RecoveryBlock(Reason.DISRUPTION_THRESHOLD, "3 of 4 nodes are NotReady")
+    capped = plan(READY, node=NOT_READY, block=block)
+    assert [(n.type, n.reason, n.note) for n in capped.notices] == [
+        (
+            EventType.WARNING,
+            "RecoveriesCapped",
+            "node n1 is NotReady, but 3 of 4 nodes are NotReady",
+        )
     ]
 
-    warned = worker_notices(
-        {"phase": "Recovering", "epoch": 2},
-        {
-            "phase": "Recovering",
-            "epoch": 2,
-            "conditions": [
-                condition("Recovering", "True", "RecoveryBackOff", "3 epochs failed"),
-                condition("EngineMetrics", "False", "NonFiniteMetrics", "NaN"),
-                condition("Conflict", "True", "PolicyNotFound", "no policy p"),
-            ],
+
+@pytest.mark.parametrize(
+    ("reason", "event"),
+    [
+        (Reason.POLICY_CONFLICT, "PolicyConflict"),
+        (Reason.POLICY_NOT_FOUND, "PolicyNotFound"),
+        (Reason.POLICY_INVALID, "PolicyInvalid"),
+    ],
+)
+def test_a_policy_that_cannot_be_resolved_is_a_warning(reason: Reason, event: str) -> None:
+    choice = PolicyChoice(None, DEFAULT_POLICY, reason, "what is wrong with it")
+    (notice,) = plan(READY, policy=choice).notices
+    assert (notice.type, notice.reason, notice.action, notice.note) == (
+        EventType.WARNING,
+        event,
+        "ResolvePolicy",
+        "what is wrong with it",
+    )
+
+
+def test_unreadable_metrics_are_the_scrapes_warning_once() -> None:
+    fleet = Fleet(config=OperatorConfig(), kube=None, http=None)  # type: ignore[arg-type]
+    fleet.stats[("ns", "w")] = EngineStats(ignored=("kv_cache_usage_perc",))
+    record = worker_record(body(READY))
+    decided = plan(READY)
+    (notice,) = metrics_notices(fleet, record, decided)
+    assert (notice.type, notice.reason) == (EventType.WARNING, "MetricsUnreadable")
+    assert notice.note.endswith("ignored: kv_cache_usage_perc")
+    status = written(READY, decided, fleet)
+    assert metrics_notices(fleet, worker_record(body(status)), plan(status)) == ()
+    # A recovering worker's figures describe a pod that is gone: nothing said.
+    assert metrics_notices(fleet, record, plan(READY, pods=())) == ()
+
+
+STEADY = {
+    "a drain held": {"node": CORDONED, "pinned": 3},
+    "a drain past its deadline": {
+        "node": CORDONED,
+        "pinned": 2,
+        "status": {
+            "phase": "Draining",
+            "drainStartedAt": (NOW - timedelta(minutes=11)).isoformat(),
         },
-        0,
-    )
-    assert reasons(warned) == ["RecoveryBackingOff", "MetricsUnreadable", "PolicyNotFound"]
-    assert {n.type for n in warned} == {EventType.WARNING}
-    capped = worker_notices(
-        {"phase": "Ready"},
-        {"phase": "Ready", "conditions": [condition("Recovering", "False", "RecoveryCapped")]},
-        0,
-    )
-    assert reasons(capped) == ["RecoveriesCapped"]
+    },
+    "a drain completed": {"node": CORDONED},
+    "a lost pod": {"pods": ()},
+    "a capped recovery": {
+        "node": NOT_READY,
+        "block": RecoveryBlock(Reason.RECOVERY_CAPPED, "two are moving"),
+    },
+    "a recovery backing off": {
+        "pods": (FAILING,),
+        "status": recovering(),
+        "now": NOW + timedelta(seconds=5),
+    },
+    "a missing policy": {"policy": MISSING},
+    "a drain on request": {"spec": {**SPEC, "drain": True}, "pinned": 1},
+}
+
+
+@pytest.mark.parametrize("case", STEADY.values(), ids=STEADY.keys())
+def test_a_decision_the_status_already_shows_is_no_notice(case: dict[str, Any]) -> None:
+    """Plan, write the status the operator writes, observe it: the plan says nothing new."""
+    given = dict(case)
+    status = {**READY, **given.pop("status", {})}
+    now = given.pop("now", NOW)
+    first = plan(status, now=now, **given)
+    assert first.notices, "the case decides something"
+    settled = written(status, first)
+    assert plan(settled, now=now, **given).notices == ()
+    # A pass later: messages that change with the clock (a back-off's wait) are no news.
+    later = now + timedelta(seconds=1)
+    assert plan(written(settled, first), now=later, **given).notices == ()
 
 
 def test_a_burst_of_notices_is_one_event_and_its_series() -> None:

@@ -48,11 +48,12 @@ from sessionfleet.kube import (
 )
 from sessionfleet.policy.checkpoint import latest_usable
 from sessionfleet.policy.drain import PinnedSession, resolve_policy
-from sessionfleet.policy.events import EventType, Notice, merged, worker_notices
+from sessionfleet.policy.events import EventType, Notice
 from sessionfleet.policy.worker import (
     ConditionPlan,
     WorkerObservation,
     WorkerPlan,
+    carries,
     plan_worker,
     settled,
 )
@@ -180,6 +181,20 @@ def engine_metrics_condition(stats: EngineStats) -> ConditionPlan:
     )
 
 
+def metrics_notices(fleet: Fleet, record: WorkerRecord, plan: WorkerPlan) -> tuple[Notice, ...]:
+    """Return ``MetricsUnreadable`` when the engine's figures stop being usable.
+
+    The scrape's finding, not a plan's decision: like ``EngineMetrics``, it is added here.
+    """
+    stats = fleet.stats.get(record.key)
+    if stats is None or plan.phase is WorkerPhase.RECOVERING:
+        return ()
+    condition = engine_metrics_condition(stats)
+    if condition.status is ConditionStatus.TRUE or carries(record.status, condition):
+        return ()
+    return (Notice(EventType.WARNING, "MetricsUnreadable", "Scrape", condition.message),)
+
+
 def kv_store_condition(problem: str | None) -> ConditionPlan:
     """Return ``KVStore``: False, with the storage's error, while the store cannot be written."""
     if problem:
@@ -218,12 +233,13 @@ def worth_writing(fleet: Fleet, record: WorkerRecord, patch: dict[str, Any]) -> 
 
 
 async def write_status(
-    fleet: Fleet, record: WorkerRecord, patch: dict[str, Any], recovery: Reason | None = None
+    fleet: Fleet, record: WorkerRecord, patch: dict[str, Any], notices: tuple[Notice, ...] = ()
 ) -> None:
     """Patch the worker's status subresource and remember the version it produced.
 
-    The decisions the write records (a drain started or completed, a new epoch and
-    ``recovery``, why) become Events on the worker.
+    ``notices`` are the Events for the decisions the write records (the plan's): they
+    are recorded once the write has succeeded, so a failed write, decided again on the
+    next pass, is not told twice, and a decision the status already shows is not told.
 
     The patch applies only to the version it was decided from: a write from a stale
     copy (another replica that believed it led wrote since) fails with Conflict, which
@@ -240,8 +256,6 @@ async def write_status(
     metrics.API_WRITES.labels("patch", "inferenceworkers/status").inc()
     fleet.freshness.mark(record.key, body)
     fleet.status_written_at[record.key] = time.monotonic()
-    pinned = sum(1 for s in fleet.sessions_of(record.key) if s.pinned)
-    new = merged(record.raw_status, patch)
     recovered_from = record.status.last_recovery_at
     became_ready = (
         record.status.phase is WorkerPhase.RECOVERING
@@ -250,7 +264,7 @@ async def write_status(
     if became_ready and recovered_from is not None:
         elapsed = (datetime.now(UTC) - recovered_from).total_seconds()
         metrics.RECOVERY_DURATION.observe(max(elapsed, 0.0))
-    for notice in worker_notices(record.raw_status, new, pinned, recovery):
+    for notice in notices:
         fleet.notify(worker_ref(record), notice)
 
 
@@ -286,6 +300,9 @@ async def reconcile_worker(fleet: Fleet, record: WorkerRecord, now: datetime) ->
     fleet.work.settle(record.key, False)
     desired = desired_status(fleet, record, worker, plan, now)
     patch = status_patch(record.raw_status, desired)
+    # Each notice is a change the status does not show yet, so the patch is never
+    # counters alone when there is one: the notices go with the write that records them.
+    notices = (*plan.notices, *metrics_notices(fleet, record, plan))
     if not worth_writing(fleet, record, patch):
         if patch:  # counters only, coalesced: written once the interval has passed
             written = fleet.status_written_at.get(record.key, time.monotonic())
@@ -297,8 +314,8 @@ async def reconcile_worker(fleet: Fleet, record: WorkerRecord, now: datetime) ->
     # in between never mistakes our own deletion for a failure.
     epoch_changed = plan.epoch != (record.status.epoch or 0)
     if patch and (epoch_changed or plan.phase is WorkerPhase.DRAINED):
-        await write_status(fleet, record, patch, plan.recovery if epoch_changed else None)
-        patch = {}
+        await write_status(fleet, record, patch, notices)
+        patch, notices = {}, ()
         if plan.recovery is not None and epoch_changed:
             if plan.recovery is Reason.NODE_NOT_READY:
                 fleet.node_moves[record.key] = time.monotonic()  # counted by the next gates
@@ -322,7 +339,7 @@ async def reconcile_worker(fleet: Fleet, record: WorkerRecord, now: datetime) ->
     if plan.move_worker:
         await _move_worker(fleet, record, worker, plan, now)
     if patch:
-        await write_status(fleet, record, patch)
+        await write_status(fleet, record, patch, notices)
     await reconcile_checkpoints(fleet, record, worker, now)
     fleet.work.settle(record.key, settled(observation, plan) and not _checkpointing(fleet, record))
 

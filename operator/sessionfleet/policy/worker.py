@@ -6,14 +6,21 @@ conditions. The
 controller carries the plan out (create or delete pods, keep holds, migrate
 sessions) and writes the status it describes only when it differs from the one
 observed.
+
+Each decision that changes what the observed status says (a drain started, held, at
+its deadline or completed; an epoch replaced; recovery backing off or capped; a policy
+that cannot be resolved) also puts a :class:`~sessionfleet.policy.events.Notice` in
+the plan. A notice is decided against the observed status, so it comes once: the
+controller records it with the status write that carries the decision, and the next
+pass, which observes that status, decides the same thing without a notice.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Final
 
 from sessionfleet.api import (
     CheckpointDriver,
@@ -33,6 +40,7 @@ from sessionfleet.policy.drain import (
     drain_trigger,
     holds_while_pinned,
 )
+from sessionfleet.policy.events import EventType, Notice
 from sessionfleet.policy.observed import NodeState, PodState
 from sessionfleet.policy.recovery import (
     DEFAULT_NODE_NOT_READY_TOLERATION,
@@ -99,6 +107,21 @@ class WorkerPlan:
     drain_done: bool = False
     conditions: tuple[ConditionPlan, ...] = field(default=())
     recheck_after: float | None = None
+    notices: tuple[Notice, ...] = ()
+    """Events for the decisions this plan takes that the observed status does not record
+    yet; recorded with the status write that records them."""
+
+
+def carries(status: InferenceWorkerStatus, condition: ConditionPlan) -> bool:
+    """Whether ``status`` already has ``condition`` (its status and reason; not its message).
+
+    A message may change on every pass (a back-off's seconds left): only a change of
+    status or reason is news.
+    """
+    return any(
+        c.type is condition.type and c.status is condition.status and c.reason == condition.reason
+        for c in status.conditions
+    )
 
 
 def plan_worker(obs: WorkerObservation) -> WorkerPlan:
@@ -110,7 +133,8 @@ def plan_worker(obs: WorkerObservation) -> WorkerPlan:
     running worker's drain, phase and conditions are decided.
     """
     facts = _facts(obs)
-    return _drained_on_request(facts) or _fresh_epoch(facts) or _recovery(facts) or _running(facts)
+    plan = _drained_on_request(facts) or _fresh_epoch(facts) or _recovery(facts) or _running(facts)
+    return replace(plan, notices=(*_epoch_notices(obs, plan.epoch, plan.recovery), *plan.notices))
 
 
 def settled(obs: WorkerObservation, plan: WorkerPlan) -> bool:
@@ -148,6 +172,8 @@ class _Facts:
     """Pods of earlier epochs still to delete."""
     conditions: tuple[ConditionPlan, ...]
     """Conditions every plan carries (a DrainPolicy conflict)."""
+    notices: tuple[Notice, ...]
+    """Notices every plan carries (a DrainPolicy conflict not yet in the status)."""
     failures: int
     last_recovery: datetime | None
     recovery: Reason | None
@@ -166,22 +192,24 @@ def _facts(obs: WorkerObservation) -> _Facts:
     recovery = recovery_reason(current, observed, obs.node, obs.now, obs.node_not_ready_toleration)
     # Only a move off a NotReady node is gated fleet-wide: a failed pod is always replaced.
     blocked = obs.recovery_block if recovery is Reason.NODE_NOT_READY else None
+    conditions: tuple[ConditionPlan, ...] = ()
+    notices: tuple[Notice, ...] = ()
     conflict = obs.policy.reason
+    if conflict is not None:
+        unresolved = ConditionPlan(
+            ConditionType.CONFLICT, ConditionStatus.TRUE, conflict, obs.policy.message
+        )
+        conditions = (unresolved,)
+        event = _POLICY_EVENTS.get(conflict, "PolicyConflict")
+        notices = _warning_if_new(obs, unresolved, event, "ResolvePolicy")
     return _Facts(
         obs=obs,
         epoch=epoch,
         current=current,
         observed=observed,
         stale=tuple(p.name for p in obs.pods if p.epoch < epoch and not p.deleting),
-        conditions=(
-            (
-                ConditionPlan(
-                    ConditionType.CONFLICT, ConditionStatus.TRUE, conflict, obs.policy.message
-                ),
-            )
-            if conflict is not None
-            else ()
-        ),
+        conditions=conditions,
+        notices=notices,
         failures=obs.status.consecutive_failures or 0,
         last_recovery=obs.status.last_recovery_at,
         recovery=recovery if blocked is None else None,
@@ -189,7 +217,36 @@ def _facts(obs: WorkerObservation) -> _Facts:
     )
 
 
-def _down(facts: _Facts, phase: WorkerPhase, *conditions: ConditionPlan, **plan: Any) -> WorkerPlan:
+_POLICY_EVENTS: Final = {
+    Reason.POLICY_CONFLICT: "PolicyConflict",
+    Reason.POLICY_NOT_FOUND: "PolicyNotFound",
+    Reason.POLICY_INVALID: "PolicyInvalid",
+}
+"""The Event for each reason a worker's DrainPolicy cannot be resolved."""
+
+
+def _epoch_notices(obs: WorkerObservation, epoch: int, why: Reason | None) -> tuple[Notice, ...]:
+    """Return ``EpochReplaced`` if the plan's epoch follows the one the status records."""
+    replaced = obs.status.epoch
+    if replaced is None or epoch <= replaced:
+        return ()
+    return (
+        Notice(
+            EventType.NORMAL,
+            "EpochReplaced",
+            "Recover",
+            f"epoch {epoch} replaces epoch {replaced}: {why.value if why else 'NewEpoch'}",
+        ),
+    )
+
+
+def _down(
+    facts: _Facts,
+    phase: WorkerPhase,
+    *conditions: ConditionPlan,
+    notices: tuple[Notice, ...] = (),
+    **plan: Any,
+) -> WorkerPlan:
     """Return a plan for a worker with no serving pod: no endpoint, no holds."""
     fields: dict[str, Any] = {
         "epoch": facts.epoch,
@@ -201,6 +258,7 @@ def _down(facts: _Facts, phase: WorkerPhase, *conditions: ConditionPlan, **plan:
         "drain_started_at": facts.obs.status.drain_started_at,
         "holds": frozenset(),
         "conditions": (*facts.conditions, *conditions),
+        "notices": (*notices, *facts.notices),
         **plan,
     }
     return WorkerPlan(phase=phase, **fields)
@@ -257,19 +315,21 @@ def _recovery(facts: _Facts) -> WorkerPlan | None:
     if failures and facts.last_recovery is not None:
         wait = (recovery_backoff(failures) - (obs.now - facts.last_recovery)).total_seconds()
         if wait > 0:
+            backing_off = ConditionPlan(
+                ConditionType.RECOVERING,
+                ConditionStatus.TRUE,
+                Reason.RECOVERY_BACK_OFF,
+                f"{failures} epoch(s) in a row failed before Ready; "
+                f"epoch {epoch + 1} starts in {wait:.0f}s",
+            )
             return _down(
                 facts,
                 WorkerPhase.RECOVERING,
-                ConditionPlan(
-                    ConditionType.RECOVERING,
-                    ConditionStatus.TRUE,
-                    Reason.RECOVERY_BACK_OFF,
-                    f"{failures} epoch(s) in a row failed before Ready; "
-                    f"epoch {epoch + 1} starts in {wait:.0f}s",
-                ),
+                backing_off,
                 ConditionPlan(
                     ConditionType.READY, ConditionStatus.FALSE, Reason.RECOVERY_BACK_OFF, detail
                 ),
+                notices=_warning_if_new(obs, backing_off, "RecoveryBackingOff", "Recover"),
                 consecutive_failures=failures,
                 last_recovery_at=facts.last_recovery,
                 recheck_after=wait,
@@ -294,6 +354,15 @@ def _recovery(facts: _Facts) -> WorkerPlan | None:
         consecutive_failures=failures + 1,
         last_recovery_at=obs.now,
     )
+
+
+def _warning_if_new(
+    obs: WorkerObservation, condition: ConditionPlan, reason: str, action: str
+) -> tuple[Notice, ...]:
+    """Return a Warning with ``condition``'s message, if the status does not carry it yet."""
+    if carries(obs.status, condition):
+        return ()
+    return (Notice(EventType.WARNING, reason, action, condition.message),)
 
 
 def _recovering_condition(facts: _Facts, still_recovering: bool, reason: Reason) -> ConditionPlan:
@@ -328,6 +397,7 @@ class _DrainPlan:
     recheck_after: float | None
     trigger: Reason | None
     condition: ConditionPlan
+    notices: tuple[Notice, ...] = ()
 
 
 def _drain(facts: _Facts, pod_reason: Reason) -> _DrainPlan:
@@ -355,22 +425,54 @@ def _drain(facts: _Facts, pod_reason: Reason) -> _DrainPlan:
     how = f"triggered by {trigger.value}" + (
         f" under DrainPolicy {obs.policy.name}" if obs.policy.name else " (default policy)"
     )
+    holds = decision.holds if decision.hold else frozenset()
+    draining = ConditionPlan(
+        ConditionType.DRAINING,
+        ConditionStatus.FALSE if decision.done else ConditionStatus.TRUE,
+        decision.reason,
+        f"{decision.message}; {how}",
+    )
     return _DrainPlan(
         phase=WorkerPhase.DRAINED if decision.done else WorkerPhase.DRAINING,
-        holds=decision.holds if decision.hold else frozenset(),
+        holds=holds,
         started_at=started_at,
         migrate=() if whole_worker else decision.migrate,
         move_worker=whole_worker,
         done=decision.done,
         recheck_after=decision.recheck_after,
         trigger=trigger,
-        condition=ConditionPlan(
-            ConditionType.DRAINING,
-            ConditionStatus.FALSE if decision.done else ConditionStatus.TRUE,
-            decision.reason,
-            f"{decision.message}; {how}",
-        ),
+        condition=draining,
+        notices=_drain_notices(obs, decision.done, holds, draining),
     )
+
+
+def _drain_notices(
+    obs: WorkerObservation,
+    done: bool,
+    holds: frozenset[HoldMechanism],
+    draining: ConditionPlan,
+) -> tuple[Notice, ...]:
+    """Return the drain's story, each part once: started, held, at its deadline, completed."""
+    status = obs.status
+    if done:
+        if status.phase is WorkerPhase.DRAINED:
+            return ()
+        return (
+            Notice(EventType.NORMAL, "DrainCompleted", "Drain", "no session is pinned any more"),
+        )
+    notices = []
+    started = status.phase is not WorkerPhase.DRAINING
+    if started:
+        notices.append(Notice(EventType.NORMAL, "DrainStarted", "Drain", draining.message))
+    # A hold stands whenever sessions are pinned; a drain is held when it starts with
+    # sessions pinned, or when they get pinned while it runs.
+    held = _held_condition(holds)
+    if holds and (started or not carries(status, held)):
+        pinned = f"{len(obs.pinned)} session(s) pinned: {held.message}"
+        notices.append(Notice(EventType.NORMAL, "DrainHeld", "Drain", pinned))
+    if draining.reason is Reason.DEADLINE_REACHED and not carries(status, draining):
+        notices.append(Notice(EventType.NORMAL, "DrainDeadlineReached", "Drain", draining.message))
+    return tuple(notices)
 
 
 def _held_condition(holds: frozenset[HoldMechanism]) -> ConditionPlan:
@@ -395,6 +497,10 @@ def _running(facts: _Facts) -> WorkerPlan:
         phase = WorkerPhase.RECOVERING
     drain = _drain(facts, reason)
     phase = drain.phase or phase
+    recovering = _recovering_condition(facts, still_recovering, reason)
+    capped = (
+        _warning_if_new(obs, recovering, "RecoveriesCapped", "Recover") if facts.blocked else ()
+    )
     ready = ConditionPlan(
         ConditionType.READY,
         ConditionStatus.TRUE if phase is WorkerPhase.READY else ConditionStatus.FALSE,
@@ -427,12 +533,13 @@ def _running(facts: _Facts) -> WorkerPlan:
         drain_done=drain.done,
         conditions=(
             *facts.conditions,
-            _recovering_condition(facts, still_recovering, reason),
+            recovering,
             drain.condition,
             _held_condition(drain.holds),
             ready,
         ),
         recheck_after=drain.recheck_after,
+        notices=(*drain.notices, *capped, *facts.notices),
     )
 
 
