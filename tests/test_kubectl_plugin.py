@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from sessionfleet.api import InferenceWorker, WorkerCheckpoint, parse
+from sessionfleet.api import InferenceWorker, SessionPhase, WorkerCheckpoint, parse
 from sessionfleet.kube import (
     CHECKPOINTS,
     CORE_EVENTS,
@@ -66,6 +66,9 @@ from sessionfleet.kubectl.views.status import (
 )
 from sessionfleet.kubectl.views.workers import drain_view, policy_label
 from sessionfleet.policy.drain import resolve_policy
+from sessionfleet.policy.migration import plan_migration
+from sessionfleet.policy.placement import WorkerLoad
+from sessionfleet.policy.sessions import SessionState
 from sessionfleet.resources.names import session_object_name
 
 NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
@@ -532,6 +535,29 @@ def test_explain_a_migrating_session_names_its_acks_and_likely_target() -> None:
     assert "Target:      dst if it moved now" in text
 
 
+@pytest.mark.parametrize(("driver", "target"), [("engine", "same"), ("none", "other")])
+def test_explain_names_the_target_the_operators_plan_migration_chooses(
+    driver: str, target: str
+) -> None:
+    # With its saved state (driver engine) the session goes to a worker that can load it
+    # (same engine as src), though the vllm worker is less loaded; without, to the latter.
+    snap = snapshot(
+        [
+            draining("src", started=30, spec={"checkpoint": {"driver": driver}}),
+            ready("same", spec={"capacity": {"maxSessions": 2}}),
+            ready("other", spec={"engine": {"type": "vllm"}}),
+        ],
+        [
+            session("m1", phase="Migrating", worker="src", migratingSince=ago(5)),
+            bound("b", "same"),
+        ],
+    )
+    text = explain_session(snap.sessions[0], [], snap, NOW)
+    assert f"Target:      {target} if it moved now" in text
+    record = explain_session_record(snap.sessions[0], [], snap, NOW)
+    assert record["placementNow"]["worker"] == target
+
+
 def test_explain_bound_restoring_finished_and_lost_sessions() -> None:
     snap = snapshot(
         [
@@ -749,6 +775,112 @@ def test_a_drain_that_migrates_shows_where_each_session_would_go() -> None:
         line.split()[:6] == ["now", "the", "pinned", "sessions", "move", "to"]
         for line in text.splitlines()
     )
+
+
+# A batch where the order counts: a (sim) has room for one more session, b (sim) for four
+# but only 10K tokens of context, v (vllm) for one. id-s3 is hinted to v and id-s4 pinned to
+# src: a session that migrates keeps neither. id-s6 (20K tokens) fits nowhere once the
+# others are placed; id-s5 after it still does. Through a checkpoint the sessions prefer
+# the workers that can load src's state (sim engines) and go to v only when none has room.
+BATCH_TARGETS = {
+    True: {
+        "id-s1": "b",
+        "id-s2": "b",
+        "id-s3": "a",
+        "id-s4": "v",
+        "id-s6": "none (NoCapacity)",
+        "id-s5": "b",
+    },
+    False: {
+        "id-s1": "b",
+        "id-s2": "v",
+        "id-s3": "b",
+        "id-s4": "a",
+        "id-s6": "none (NoCapacity)",
+        "id-s5": "b",
+    },
+}
+
+
+@pytest.mark.parametrize("through_checkpoint", [True, False])
+def test_the_drain_preview_is_the_operators_own_plan_migration(through_checkpoint: bool) -> None:
+    contexts = {"s1": 4000, "s2": 4000, "s3": 1000, "s4": 4000, "s6": 20000, "s5": 1000}
+    wishes = {"s3": {"workerHint": "v"}, "s4": {"workerPin": "src"}}
+    snap = snapshot(
+        [
+            ready("src"),
+            ready("a", spec={"capacity": {"maxSessions": 2}}),
+            ready("b", spec={"capacity": {"maxSessions": 4, "kvTokens": 10000}}),
+            ready("v", spec={"engine": {"type": "vllm"}, "capacity": {"maxSessions": 1}}),
+        ],
+        [
+            *(
+                session(
+                    name,
+                    spec=wishes.get(name),
+                    phase="Bound",
+                    worker="src",
+                    promptTokens=tokens,
+                    turns=1,
+                )
+                for name, tokens in contexts.items()
+            ),
+            bound("x", "a"),
+        ],
+        [policy("now", mode="Migrate", checkpoint=through_checkpoint)],
+    )
+    text = drain_preview(snap, snap.workers[2], NOW, dry_run=True, was_set=False)
+    # ID, PHASE, TURNS, CONTEXT, TARGET NOW (which may be two words: none and why).
+    shown = {
+        line.split()[0]: " ".join(line.split()[4:])
+        for line in text.splitlines()
+        if line.strip().startswith("id-s")
+    }
+
+    # What the operator decides for the same fleet: its plan_migration over its inputs,
+    # written out here (each session as if every router had acknowledged).
+    def state(name: str, tokens: int) -> SessionState:
+        return SessionState(
+            "ns",
+            name,
+            f"id-{name}",
+            "m",
+            phase=SessionPhase.MIGRATING,
+            worker="src",
+            migrating_since=NOW,
+            prompt_tokens=tokens,
+            turns=1,
+            hint=wishes.get(name, {}).get("workerHint"),
+            pin=wishes.get(name, {}).get("workerPin"),
+        )
+
+    steps = plan_migration(
+        [state(name, tokens) for name, tokens in contexts.items()],
+        "src",
+        [
+            WorkerLoad("a", "m", True, pinned_sessions=1, max_sessions=2),
+            WorkerLoad("b", "m", True, pinned_sessions=0, max_sessions=4, kv_tokens_capacity=10000),
+            WorkerLoad(
+                "src",
+                "m",
+                True,
+                pinned_sessions=6,
+                max_sessions=16,
+                kv_tokens_pinned=sum(contexts.values()),
+            ),
+            WorkerLoad("v", "m", True, pinned_sessions=0, max_sessions=1),
+        ],
+        (),
+        NOW,
+        timedelta(seconds=30),
+        frozenset({"src", "a", "b"}) if through_checkpoint else None,
+    )
+    operator = {
+        step.session.session_id: step.target
+        or f"none ({step.reason.value if step.reason is not None else step.action.name})"
+        for step in steps
+    }
+    assert shown == operator == BATCH_TARGETS[through_checkpoint]
 
 
 def test_a_drain_already_under_way_counts_from_its_start() -> None:

@@ -19,7 +19,8 @@ One module per part of the output:
 - :mod:`.snapshot`: the objects read at one moment, parsed, and what could not be;
 - :mod:`.sessions`: ``sessions``; :mod:`.status` and :mod:`.workers`: ``status``, a
   worker's policy and drain;
-- :mod:`.placement`: where a session would go now; :mod:`.events`: Events and conditions;
+- :mod:`.placement`: where a session would go now; :mod:`.migration`: where a drained
+  worker's sessions would move now; :mod:`.events`: Events and conditions;
 - :mod:`.explain`: ``explain session``; :mod:`.drain`: ``drain`` and ``undrain``;
   :mod:`.checkpoints`: ``checkpoint``.
 """

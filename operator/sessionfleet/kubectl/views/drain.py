@@ -12,7 +12,6 @@ from datetime import datetime
 
 from sessionfleet.api import (
     AgentSession,
-    CheckpointDriver,
     DeadlineAction,
     DrainMode,
     DrainPolicySpec,
@@ -30,11 +29,11 @@ from sessionfleet.kubectl.views.format import (
     tokens,
     wire_time,
 )
-from sessionfleet.kubectl.views.placement import loads
+from sessionfleet.kubectl.views.migration import migration_plan
 from sessionfleet.kubectl.views.sessions import context_tokens, session_phase
 from sessionfleet.kubectl.views.snapshot import Snapshot
 from sessionfleet.kubectl.views.workers import drain_view, policy_origin
-from sessionfleet.policy.placement import PlacementRequest, WorkerLoad, place
+from sessionfleet.policy.migration import through_checkpoint
 
 
 def _mode_text(policy: DrainPolicySpec) -> str:
@@ -49,7 +48,7 @@ def _move_text(policy: DrainPolicySpec, worker: InferenceWorker) -> str:
             "its sessions follow it"
         )
     driver = worker.spec.checkpoint.driver
-    if policy.checkpoint and driver is not CheckpointDriver.NONE:
+    if through_checkpoint(policy, driver):
         return (
             f"each moves at its next turn boundary through a checkpoint (driver {driver.value}): "
             "its next turn is served from cache"
@@ -107,40 +106,18 @@ def drain_timeline(
 
 
 def drain_targets(
-    snap: Snapshot, worker: InferenceWorker, sessions: Sequence[AgentSession]
+    snap: Snapshot, worker: InferenceWorker, sessions: Sequence[AgentSession], now: datetime
 ) -> dict[str, str]:
     """Return where each session would move if it moved now, by session name.
 
-    The operator places them one after another, each counted against its target for
-    the next (``policy.migration.plan_migration``); so does this.
+    The operator's own :func:`~sessionfleet.policy.migration.plan_migration` decides
+    (:func:`~sessionfleet.kubectl.views.migration.migration_plan`): one after another,
+    each counted against its target for the next.
     """
-    current = [
-        load for load in loads(snap, worker.metadata.namespace) if load.name != worker.metadata.name
-    ]
     out = {}
-    for session in sessions:
-        tokens_ = context_tokens(session)
-        placement = place(
-            PlacementRequest(model=session.spec.model, expected_tokens=tokens_), current
-        )
-        if placement.worker is None:
-            out[session.metadata.name] = f"none ({placement.reason.value})"
-            continue
-        out[session.metadata.name] = placement.worker
-        current = [
-            WorkerLoad(
-                name=load.name,
-                model=load.model,
-                ready=load.ready,
-                pinned_sessions=load.pinned_sessions + (load.name == placement.worker),
-                max_sessions=load.max_sessions,
-                kv_tokens_capacity=load.kv_tokens_capacity,
-                kv_tokens_pinned=load.kv_tokens_pinned
-                + (tokens_ if load.name == placement.worker else 0),
-                kv_usage=load.kv_usage,
-            )
-            for load in current
-        ]
+    for step in migration_plan(snap, worker, sessions, now):
+        reason = step.reason.value if step.reason is not None else step.action.name
+        out[step.session.name] = step.target or f"none ({reason})"
     return out
 
 
@@ -208,7 +185,7 @@ def drain_preview(
     lines += indent(table(("when", "what"), drain_timeline(policy, worker, len(held), start, now)))
     lines += ["", _pinned_heading(policy, len(held))]
     if held:
-        targets = drain_targets(snap, worker, held) if _migrates(policy) else {}
+        targets = drain_targets(snap, worker, held, now) if _migrates(policy) else {}
         rows = [
             [
                 s.spec.session_id,

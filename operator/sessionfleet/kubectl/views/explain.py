@@ -17,7 +17,8 @@ from sessionfleet.api import (
 )
 from sessionfleet.kubectl.views.events import EventView, conditions_table, events_table
 from sessionfleet.kubectl.views.format import age_of, countdown, indent, maybe_time, percent, tokens
-from sessionfleet.kubectl.views.placement import migration_target, placement_now, serving
+from sessionfleet.kubectl.views.migration import migration_target
+from sessionfleet.kubectl.views.placement import placement_now, serving
 from sessionfleet.kubectl.views.sessions import context_tokens, session_phase, session_record
 from sessionfleet.kubectl.views.snapshot import Snapshot, condition, created_at
 from sessionfleet.policy.handshake import acks_of
@@ -143,7 +144,7 @@ def explain_session_record(
     if phase is SessionPhase.PENDING:
         placement = placement_now(snap, session)
     elif phase is SessionPhase.MIGRATING:
-        placement = migration_target(snap, session)
+        placement = migration_target(snap, session, now)
     return {
         **session_record(session, now),
         "workerPin": spec.worker_pin,
@@ -270,7 +271,7 @@ def _migrating(
             lines.append(f"Because:     {source} drains: {draining.message}")
     acks = sorted(acks_of(session.metadata.annotations))
     lines.append(f"Acknowledged: {', '.join(acks) if acks else 'by no router yet'}")
-    target = migration_target(snap, session)
+    target = migration_target(snap, session, now)
     if target.worker is not None:
         lines.append(
             f"Target:      {target.worker} if it moved now ({target.message}); chosen when it moves"

@@ -72,18 +72,3 @@ def placement_now(snap: Snapshot, session: AgentSession) -> Placement:
 def serving(snap: Snapshot, namespace: str, model: str) -> list[InferenceWorker]:
     """Return a namespace's workers serving ``model``."""
     return [w for w in snap.workers if w.metadata.namespace == namespace and w.spec.model == model]
-
-
-def migration_target(snap: Snapshot, session: AgentSession) -> Placement:
-    """Return where a migrating session would go now, as the operator places it.
-
-    No pin or hint, and the worker it leaves excluded.
-    """
-    return place(
-        PlacementRequest(
-            model=session.spec.model,
-            expected_tokens=context_tokens(session),
-            exclude=frozenset({session.status.worker or ""}),
-        ),
-        loads(snap, session.metadata.namespace),
-    )
