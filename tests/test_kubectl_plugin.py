@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from sessionfleet.api import InferenceWorker, WorkerCheckpoint, parse
+from sessionfleet.api import InferenceWorker, SessionPhase, WorkerCheckpoint, parse
 from sessionfleet.kube import (
     CHECKPOINTS,
     CORE_EVENTS,
@@ -30,8 +30,45 @@ from sessionfleet.kube import (
     NotFound,
     Resource,
 )
-from sessionfleet.kubectl import cli, views
+from sessionfleet.kubectl import cli
+from sessionfleet.kubectl.views.checkpoints import (
+    checkpoint_done,
+    checkpoint_phase,
+    checkpoint_summary,
+    manual_checkpoint,
+)
+from sessionfleet.kubectl.views.drain import drain_preview, undrain_summary
+from sessionfleet.kubectl.views.events import events_about, events_table
+from sessionfleet.kubectl.views.explain import explain_session, explain_session_record
+from sessionfleet.kubectl.views.format import (
+    age,
+    countdown,
+    parse_time,
+    percent,
+    table,
+    tokens,
+    wire_time,
+)
+from sessionfleet.kubectl.views.sessions import (
+    matching_sessions,
+    phase_totals,
+    session_record,
+    session_rows,
+    sessions_text,
+)
+from sessionfleet.kubectl.views.snapshot import snapshot
+from sessionfleet.kubectl.views.status import (
+    WORKER_HEADERS,
+    status_json,
+    status_text,
+    worker_entries,
+    worker_rows,
+)
+from sessionfleet.kubectl.views.workers import drain_view, policy_label
 from sessionfleet.policy.drain import resolve_policy
+from sessionfleet.policy.migration import plan_migration
+from sessionfleet.policy.placement import WorkerLoad
+from sessionfleet.policy.sessions import SessionState
 from sessionfleet.resources.names import session_object_name
 
 NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
@@ -39,7 +76,7 @@ V = "sessionfleet.dev/v1alpha1"
 
 
 def ago(seconds: float) -> str:
-    return views.wire_time(NOW - timedelta(seconds=seconds))
+    return wire_time(NOW - timedelta(seconds=seconds))
 
 
 def cond(kind: str, status: str, reason: str, message: str = "", age: float = 30) -> dict[str, Any]:
@@ -156,7 +193,7 @@ def draining(name: str, started: float, reason: str = "SessionsPinned", **kwargs
     ],
 )
 def test_ages_are_written_as_kubectl_writes_them(seconds: float, text: str) -> None:
-    assert views.age(timedelta(seconds=seconds)) == text
+    assert age(timedelta(seconds=seconds)) == text
 
 
 @pytest.mark.parametrize(
@@ -172,37 +209,37 @@ def test_ages_are_written_as_kubectl_writes_them(seconds: float, text: str) -> N
     ],
 )
 def test_countdowns_are_to_the_second_and_never_early(offset: float, text: str) -> None:
-    assert views.countdown(NOW + timedelta(seconds=offset), NOW) == text
+    assert countdown(NOW + timedelta(seconds=offset), NOW) == text
 
 
 def test_numbers_for_people() -> None:
-    assert [views.tokens(n) for n in (None, 0, 812, 12_345, 2_500_000)] == [
+    assert [tokens(n) for n in (None, 0, 812, 12_345, 2_500_000)] == [
         "-",
         "0",
         "812",
         "12.3K",
         "2.5M",
     ]
-    assert views.percent(None) == "-" and views.percent(92.54) == "92.5%"
-    assert views.percent(4, 0) == "4%"
+    assert percent(None) == "-" and percent(92.54) == "92.5%"
+    assert percent(4, 0) == "4%"
 
 
 def test_a_table_aligns_columns_three_spaces_apart() -> None:
-    text = views.table(("name", "phase"), [["a", "Ready"], ["longer", "-"]])
+    text = table(("name", "phase"), [["a", "Ready"], ["longer", "-"]])
     assert text.splitlines() == ["NAME     PHASE", "a        Ready", "longer   -"]
 
 
 def test_times_are_read_from_the_api_server() -> None:
-    assert views.parse_time("2026-01-01T12:00:00Z") == NOW
-    assert views.parse_time("2026-01-01T12:00:00") == NOW
-    assert views.parse_time("yesterday") is None and views.parse_time(None) is None
+    assert parse_time("2026-01-01T12:00:00Z") == NOW
+    assert parse_time("2026-01-01T12:00:00") == NOW
+    assert parse_time("yesterday") is None and parse_time(None) is None
 
 
 # --- status ---------------------------------------------------------------------------
 
 
 def test_status_rows_count_pinned_sessions_and_show_hit_rate() -> None:
-    snap = views.snapshot(
+    snap = snapshot(
         [ready("wa", prefixHitRatePercent=92.54, kvCacheUsagePercent=4), ready("wb")],
         [
             bound("s1", "wa"),
@@ -212,17 +249,17 @@ def test_status_rows_count_pinned_sessions_and_show_hit_rate() -> None:
             session("s5"),
         ],
     )
-    headers, rows = views.worker_rows(views.worker_entries(snap), NOW)
-    assert headers == views.WORKER_HEADERS
+    headers, rows = worker_rows(worker_entries(snap), NOW)
+    assert headers == WORKER_HEADERS
     assert rows == [
         ["wa", "m", "Ready", "1", "2", "92.5%", "4%", "node-wa", "default", "-", "-"],
         ["wb", "m", "Ready", "1", "0", "-", "-", "node-wb", "default", "-", "-"],
     ]
-    assert views.phase_totals(snap.sessions) == {"New": 1, "Bound": 2, "Finished": 1, "Lost": 1}
+    assert phase_totals(snap.sessions) == {"New": 1, "Bound": 2, "Finished": 1, "Lost": 1}
 
 
 def test_a_draining_worker_shows_its_state_and_the_deadline_countdown() -> None:
-    snap = views.snapshot(
+    snap = snapshot(
         [draining("wb", started=60, labels={"pool": "b"})],
         [bound("s1", "wb")],
         [
@@ -231,16 +268,16 @@ def test_a_draining_worker_shows_its_state_and_the_deadline_countdown() -> None:
             )
         ],
     )
-    (entry,) = views.worker_entries(snap)
+    (entry,) = worker_entries(snap)
     assert entry.choice.name == "grace"
     assert entry.drain.started_at == NOW - timedelta(seconds=60)
     assert entry.drain.migrate_at == NOW + timedelta(seconds=60)
     assert entry.drain.deadline_at == NOW + timedelta(seconds=540)
-    _, (row,) = views.worker_rows([entry], NOW)
+    _, (row,) = worker_rows([entry], NOW)
     assert row[-3:] == ["grace", "SessionsPinned (migrates in 1m)", "in 9m"]
     # Past the grace period and the deadline.
     later = NOW + timedelta(seconds=552)
-    _, (row,) = views.worker_rows([entry], later)
+    _, (row,) = worker_rows([entry], later)
     assert row[-2:] == ["SessionsPinned", "12s ago (Release)"]
 
 
@@ -249,10 +286,8 @@ def test_a_draining_worker_shows_its_state_and_the_deadline_countdown() -> None:
     [("Wait", None), ("Migrate", 0), ("WaitThenMigrate", 120)],
 )
 def test_when_a_drain_migrates_depends_on_its_mode(mode: str, migrate_in: int | None) -> None:
-    snap = views.snapshot(
-        [draining("w", started=0)], policies=[policy("p", mode=mode, gracePeriod="2m")]
-    )
-    view = views.drain_view(snap.workers[0], snap.policy_choice(snap.workers[0]))
+    snap = snapshot([draining("w", started=0)], policies=[policy("p", mode=mode, gracePeriod="2m")])
+    view = drain_view(snap.workers[0], snap.policy_choice(snap.workers[0]))
     expected = None if migrate_in is None else NOW + timedelta(seconds=migrate_in)
     assert view.migrate_at == expected
     assert view.deadline_at == NOW + timedelta(minutes=10)
@@ -261,8 +296,8 @@ def test_when_a_drain_migrates_depends_on_its_mode(mode: str, migrate_in: int | 
 def test_drained_and_requested_drains_have_no_countdown() -> None:
     drained = worker("a", phase="Drained", drainStartedAt=ago(100), spec={"drain": True})
     requested = ready("b", spec={"drain": True})
-    snap = views.snapshot([drained, requested])
-    rows = views.worker_rows(views.worker_entries(snap), NOW)[1]
+    snap = snapshot([drained, requested])
+    rows = worker_rows(worker_entries(snap), NOW)[1]
     assert [r[-2:] for r in rows] == [["Drained", "-"], ["Requested", "-"]]
 
 
@@ -280,11 +315,9 @@ def test_the_policy_is_resolved_as_the_operator_resolves_it() -> None:
         ready("invalid", spec={"drainPolicyRef": "broken"}),
         ready("none"),
     ]
-    snap = views.snapshot(workers, policies=policies)
+    snap = snapshot(workers, policies=policies)
     assert set(snap.invalid_policies["ns"]) == {"broken"}
-    labels = {
-        e.worker.metadata.name: views.policy_label(e.choice) for e in views.worker_entries(snap)
-    }
+    labels = {e.worker.metadata.name: policy_label(e.choice) for e in worker_entries(snap)}
     assert labels == {
         "one": "a",
         "both": "default (PolicyConflict)",
@@ -294,7 +327,7 @@ def test_the_policy_is_resolved_as_the_operator_resolves_it() -> None:
         "none": "default",
     }
     # The very function the operator calls, with the same inputs.
-    for entry in views.worker_entries(snap):
+    for entry in worker_entries(snap):
         spec = entry.worker.spec
         assert entry.choice == resolve_policy(
             entry.worker.metadata.labels,
@@ -305,11 +338,11 @@ def test_the_policy_is_resolved_as_the_operator_resolves_it() -> None:
 
 
 def test_status_text_sums_up_and_points_at_explain() -> None:
-    snap = views.snapshot(
+    snap = snapshot(
         [ready("wa"), draining("wb", started=60)],
         [bound("s1", "wa"), bound("s2", "wb"), session("s3", phase="Pending")],
     )
-    text = views.status_text(snap, NOW, "ns")
+    text = status_text(snap, NOW, "ns")
     lines = text.splitlines()
     assert lines[:4] == [
         "Namespace:  ns",
@@ -317,24 +350,22 @@ def test_status_text_sums_up_and_points_at_explain() -> None:
         "Sessions:   3 (Pending 1, Bound 2)",
         "Drains:     1 in progress",
     ]
-    assert lines[5].split() == [h.upper() for h in views.WORKER_HEADERS]
+    assert lines[5].split() == [h.upper() for h in WORKER_HEADERS]
     assert "wb: waiting; triggered by DrainRequested under DrainPolicy wb" in lines
     assert "1 session is not bound: kubectl sessionfleet explain session <id> says why" in lines
 
 
 def test_status_of_an_empty_namespace_and_of_all_namespaces() -> None:
-    assert "No InferenceWorkers found in ns namespace." in views.status_text(
-        views.snapshot(), NOW, "ns"
-    )
-    snap = views.snapshot([ready("a", ns="x"), ready("b", ns="y")])
-    text = views.status_text(snap, NOW, None)
+    assert "No InferenceWorkers found in ns namespace." in status_text(snapshot(), NOW, "ns")
+    snap = snapshot([ready("a", ns="x"), ready("b", ns="y")])
+    text = status_text(snap, NOW, None)
     assert text.startswith("Namespace:  (all namespaces)")
     assert text.splitlines()[5].split()[:2] == ["NAMESPACE", "WORKER"]
 
 
 def test_status_json_carries_the_drain_and_the_totals() -> None:
-    snap = views.snapshot([draining("w", started=60)], [bound("s1", "w")])
-    out = views.status_json(snap, NOW, "ns")
+    snap = snapshot([draining("w", started=60)], [bound("s1", "w")])
+    out = status_json(snap, NOW, "ns")
     json.dumps(out)  # serialisable
     (w,) = out["workers"]
     assert w["pinnedSessions"] == 1 and w["phase"] == "Draining"
@@ -347,39 +378,39 @@ def test_status_json_carries_the_drain_and_the_totals() -> None:
 def test_an_object_the_models_cannot_read_is_reported_not_skipped() -> None:
     bad = worker("bad")
     bad["spec"]["gpus"] = 99
-    snap = views.snapshot([bad, ready("good")])
+    snap = snapshot([bad, ready("good")])
     assert [w.metadata.name for w in snap.workers] == ["good"]
     (problem,) = snap.unreadable
     assert problem.name == "bad" and "gpus" in problem.problem
-    assert "InferenceWorker ns/bad cannot be read: spec.gpus" in views.status_text(snap, NOW, "ns")
+    assert "InferenceWorker ns/bad cannot be read: spec.gpus" in status_text(snap, NOW, "ns")
 
 
 # --- sessions -------------------------------------------------------------------------
 
 
 def test_session_rows() -> None:
-    snap = views.snapshot(
+    snap = snapshot(
         sessions=[
             bound("b", "w", turns=3, promptTokens=24_000, hitRatePercent=88.0),
             session("a", created=30),
         ]
     )
-    headers, rows = views.session_rows(snap.sessions, NOW)
+    headers, rows = session_rows(snap.sessions, NOW)
     assert headers == ("id", "phase", "worker", "turns", "context", "hit%", "age")
     assert rows == [
         ["id-a", "New", "-", "0", "0", "-", "30s"],
         ["id-b", "Bound", "w", "3", "8.0K", "88.0%", "5m"],
     ]
-    record = views.session_record(snap.sessions[0], NOW)
+    record = session_record(snap.sessions[0], NOW)
     assert record["contextTokens"] == 8000 and record["ageSeconds"] == 300
-    assert views.sessions_text([], NOW, "ns") == "No sessions found in ns namespace."
+    assert sessions_text([], NOW, "ns") == "No sessions found in ns namespace."
 
 
 def test_a_session_is_found_by_name_or_by_id() -> None:
     bodies = [session("a"), session("b", spec={"sessionId": "a"}), session("c")]
-    assert [b["metadata"]["name"] for b in views.matching_sessions(bodies, "a")] == ["a"]
-    assert [b["metadata"]["name"] for b in views.matching_sessions(bodies, "id-c")] == ["c"]
-    assert views.matching_sessions(bodies, "zzz") == []
+    assert [b["metadata"]["name"] for b in matching_sessions(bodies, "a")] == ["a"]
+    assert [b["metadata"]["name"] for b in matching_sessions(bodies, "id-c")] == ["c"]
+    assert matching_sessions(bodies, "zzz") == []
 
 
 # --- events and explain ---------------------------------------------------------------
@@ -425,16 +456,16 @@ def test_events_from_both_apis_count_once_and_only_about_the_object() -> None:
             "involvedObject": {"kind": "AgentSession", "name": "s", "uid": "gone"},
         },
     ]
-    events = views.events_about("AgentSession", "s", "uid-s", v1, core)
+    events = events_about("AgentSession", "s", "uid-s", v1, core)
     assert [(e.reason, e.count) for e in events] == [("Pending", 3), ("Bound", 1)]
-    text = views.events_table(events, NOW)
+    text = events_table(events, NOW)
     assert "Pending   2m (x3)   sessionfleet-operator" in text
     assert "Bound     60s       sessionfleet.dev/operator   bound to w" in text
-    assert views.events_table([], NOW) == "no events"
+    assert events_table([], NOW) == "no events"
 
 
 def test_explain_a_session_no_worker_serves() -> None:
-    snap = views.snapshot(
+    snap = snapshot(
         [ready("w")],
         [
             s := session(
@@ -445,7 +476,7 @@ def test_explain_a_session_no_worker_serves() -> None:
             )
         ],
     )
-    text = views.explain_session(snap.sessions[0], [], snap, NOW)
+    text = explain_session(snap.sessions[0], [], snap, NOW)
     assert s["spec"]["sessionId"] in text
     lines = text.splitlines()
     assert "Why:         not bound: NoReadyWorker: no Ready worker serves nope" in lines
@@ -456,7 +487,7 @@ def test_explain_a_session_no_worker_serves() -> None:
 
 
 def test_explain_a_pending_session_that_would_fit_now() -> None:
-    snap = views.snapshot(
+    snap = snapshot(
         [ready("w"), worker("full", phase="Ready", spec={"capacity": {"maxSessions": 1}})],
         [
             session(
@@ -465,21 +496,21 @@ def test_explain_a_pending_session_that_would_fit_now() -> None:
             bound("x", "full"),
         ],
     )
-    text = views.explain_session(snap.sessions[0], [], snap, NOW)
+    text = explain_session(snap.sessions[0], [], snap, NOW)
     assert "Workers:     serving m: full (Ready, 1/1), w (Ready, 0/32)" in text
     assert "placement would choose w (placed on the least-loaded worker w)" in text
 
 
 def test_explain_a_session_the_operator_has_not_seen() -> None:
-    snap = views.snapshot(sessions=[session("new")])
-    text = views.explain_session(snap.sessions[0], [], snap, NOW, events_problem="forbidden")
+    snap = snapshot(sessions=[session("new")])
+    text = explain_session(snap.sessions[0], [], snap, NOW, events_problem="forbidden")
     assert "the operator has not handled this session yet" in text
     assert "is an operator running for namespace ns?" in text
     assert text.endswith("Events:\n  forbidden")
 
 
 def test_explain_a_migrating_session_names_its_acks_and_likely_target() -> None:
-    snap = views.snapshot(
+    snap = snapshot(
         [
             draining("src", started=30),
             ready("dst"),
@@ -497,15 +528,38 @@ def test_explain_a_migrating_session_names_its_acks_and_likely_target() -> None:
             bound("b", "busy"),
         ],
     )
-    text = views.explain_session(snap.sessions[0], [], snap, NOW)
+    text = explain_session(snap.sessions[0], [], snap, NOW)
     assert "Migrating:   leaving src, asked 5s ago" in text
     assert "Because:     src drains: waiting; triggered by DrainRequested" in text
     assert "Acknowledged: router-a" in text
     assert "Target:      dst if it moved now" in text
 
 
+@pytest.mark.parametrize(("driver", "target"), [("engine", "same"), ("none", "other")])
+def test_explain_names_the_target_the_operators_plan_migration_chooses(
+    driver: str, target: str
+) -> None:
+    # With its saved state (driver engine) the session goes to a worker that can load it
+    # (same engine as src), though the vllm worker is less loaded; without, to the latter.
+    snap = snapshot(
+        [
+            draining("src", started=30, spec={"checkpoint": {"driver": driver}}),
+            ready("same", spec={"capacity": {"maxSessions": 2}}),
+            ready("other", spec={"engine": {"type": "vllm"}}),
+        ],
+        [
+            session("m1", phase="Migrating", worker="src", migratingSince=ago(5)),
+            bound("b", "same"),
+        ],
+    )
+    text = explain_session(snap.sessions[0], [], snap, NOW)
+    assert f"Target:      {target} if it moved now" in text
+    record = explain_session_record(snap.sessions[0], [], snap, NOW)
+    assert record["placementNow"]["worker"] == target
+
+
 def test_explain_bound_restoring_finished_and_lost_sessions() -> None:
-    snap = views.snapshot(
+    snap = snapshot(
         [
             worker(
                 "rec",
@@ -539,7 +593,7 @@ def test_explain_bound_restoring_finished_and_lost_sessions() -> None:
             ),
         ],
     )
-    texts = {s.metadata.name: views.explain_session(s, [], snap, NOW) for s in snap.sessions}
+    texts = {s.metadata.name: explain_session(s, [], snap, NOW) for s in snap.sessions}
     assert "Bound:       to gone since 90s ago" in texts["b"]
     assert "Worker:      gone was not found" in texts["b"]
     assert "Turns:       2, context ~1.5K tokens, hit rate 50.0%" in texts["b"]
@@ -551,7 +605,7 @@ def test_explain_bound_restoring_finished_and_lost_sessions() -> None:
 
 
 def test_explain_as_data_of_a_pending_session() -> None:
-    snap = views.snapshot(
+    snap = snapshot(
         [ready("w")],
         [
             session(
@@ -563,13 +617,13 @@ def test_explain_as_data_of_a_pending_session() -> None:
             )
         ],
     )
-    events = views.events_about(
+    events = events_about(
         "AgentSession",
         "p",
         "uid-p",
         [v1_event("e1", "p", "Pending", "no Ready worker serves nope", eventTime=ago(5))],
     )
-    record = views.explain_session_record(snap.sessions[0], events, snap, NOW)
+    record = explain_session_record(snap.sessions[0], events, snap, NOW)
     json.dumps(record)  # serialisable
     assert record | {"conditions": [], "events": []} == {
         "namespace": "ns",
@@ -629,14 +683,14 @@ def test_explain_as_data_of_a_pending_session() -> None:
             "lastSeen": ago(5),
         }
     ]
-    problem = views.explain_session_record(
+    problem = explain_session_record(
         snap.sessions[0], [], snap, NOW, events_problem="events could not be listed: no"
     )
     assert (problem["events"], problem["eventsProblem"]) == (None, "events could not be listed: no")
 
 
 def test_explain_as_data_of_a_migrating_and_a_finished_session() -> None:
-    snap = views.snapshot(
+    snap = snapshot(
         [draining("src", started=30), ready("dst")],
         [
             session(
@@ -656,9 +710,7 @@ def test_explain_as_data_of_a_migrating_and_a_finished_session() -> None:
             ),
         ],
     )
-    records = {
-        s.metadata.name: views.explain_session_record(s, [], snap, NOW) for s in snap.sessions
-    }
+    records = {s.metadata.name: explain_session_record(s, [], snap, NOW) for s in snap.sessions}
     moving = records["m1"]
     assert (moving["worker"], moving["pod"], moving["epoch"]) == ("src", "src-1", 1)
     assert moving["acknowledgedBy"] == ["router-a"]
@@ -676,12 +728,12 @@ def test_explain_as_data_of_a_migrating_and_a_finished_session() -> None:
 
 
 def test_a_drain_under_wait_waits_for_the_pinned_sessions() -> None:
-    snap = views.snapshot(
+    snap = snapshot(
         [ready("w"), ready("other")],
         [bound("s1", "w", turns=2, promptTokens=2000), bound("s2", "w")],
         [policy("hold", mode="Wait", deadline="30m", onDeadline="Hold")],
     )
-    text = views.drain_preview(snap, snap.workers[1], NOW, dry_run=False, was_set=False)
+    text = drain_preview(snap, snap.workers[1], NOW, dry_run=False, was_set=False)
     lines = text.splitlines()
     assert lines[0] == "InferenceWorker ns/w: spec.drain set to true"
     assert "Policy:       DrainPolicy hold (its selector matches the worker's labels)" in lines
@@ -700,7 +752,7 @@ def test_a_drain_under_wait_waits_for_the_pinned_sessions() -> None:
 
 
 def test_a_drain_that_migrates_shows_where_each_session_would_go() -> None:
-    snap = views.snapshot(
+    snap = snapshot(
         [
             ready("src", spec={"checkpoint": {"driver": "none"}}),
             ready("a", spec={"capacity": {"maxSessions": 2}}),
@@ -709,7 +761,7 @@ def test_a_drain_that_migrates_shows_where_each_session_would_go() -> None:
         [*(bound(f"s{i}", "src") for i in range(1, 5)), bound("x", "a")],
         [policy("now", mode="Migrate")],
     )
-    text = views.drain_preview(snap, snap.workers[2], NOW, dry_run=True, was_set=False)
+    text = drain_preview(snap, snap.workers[2], NOW, dry_run=True, was_set=False)
     assert (
         text.splitlines()[0] == "InferenceWorker ns/src: spec.drain would be set to true (dry run)"
     )
@@ -725,12 +777,118 @@ def test_a_drain_that_migrates_shows_where_each_session_would_go() -> None:
     )
 
 
+# A batch where the order counts: a (sim) has room for one more session, b (sim) for four
+# but only 10K tokens of context, v (vllm) for one. id-s3 is hinted to v and id-s4 pinned to
+# src: a session that migrates keeps neither. id-s6 (20K tokens) fits nowhere once the
+# others are placed; id-s5 after it still does. Through a checkpoint the sessions prefer
+# the workers that can load src's state (sim engines) and go to v only when none has room.
+BATCH_TARGETS = {
+    True: {
+        "id-s1": "b",
+        "id-s2": "b",
+        "id-s3": "a",
+        "id-s4": "v",
+        "id-s6": "none (NoCapacity)",
+        "id-s5": "b",
+    },
+    False: {
+        "id-s1": "b",
+        "id-s2": "v",
+        "id-s3": "b",
+        "id-s4": "a",
+        "id-s6": "none (NoCapacity)",
+        "id-s5": "b",
+    },
+}
+
+
+@pytest.mark.parametrize("through_checkpoint", [True, False])
+def test_the_drain_preview_is_the_operators_own_plan_migration(through_checkpoint: bool) -> None:
+    contexts = {"s1": 4000, "s2": 4000, "s3": 1000, "s4": 4000, "s6": 20000, "s5": 1000}
+    wishes = {"s3": {"workerHint": "v"}, "s4": {"workerPin": "src"}}
+    snap = snapshot(
+        [
+            ready("src"),
+            ready("a", spec={"capacity": {"maxSessions": 2}}),
+            ready("b", spec={"capacity": {"maxSessions": 4, "kvTokens": 10000}}),
+            ready("v", spec={"engine": {"type": "vllm"}, "capacity": {"maxSessions": 1}}),
+        ],
+        [
+            *(
+                session(
+                    name,
+                    spec=wishes.get(name),
+                    phase="Bound",
+                    worker="src",
+                    promptTokens=tokens,
+                    turns=1,
+                )
+                for name, tokens in contexts.items()
+            ),
+            bound("x", "a"),
+        ],
+        [policy("now", mode="Migrate", checkpoint=through_checkpoint)],
+    )
+    text = drain_preview(snap, snap.workers[2], NOW, dry_run=True, was_set=False)
+    # ID, PHASE, TURNS, CONTEXT, TARGET NOW (which may be two words: none and why).
+    shown = {
+        line.split()[0]: " ".join(line.split()[4:])
+        for line in text.splitlines()
+        if line.strip().startswith("id-s")
+    }
+
+    # What the operator decides for the same fleet: its plan_migration over its inputs,
+    # written out here (each session as if every router had acknowledged).
+    def state(name: str, tokens: int) -> SessionState:
+        return SessionState(
+            "ns",
+            name,
+            f"id-{name}",
+            "m",
+            phase=SessionPhase.MIGRATING,
+            worker="src",
+            migrating_since=NOW,
+            prompt_tokens=tokens,
+            turns=1,
+            hint=wishes.get(name, {}).get("workerHint"),
+            pin=wishes.get(name, {}).get("workerPin"),
+        )
+
+    steps = plan_migration(
+        [state(name, tokens) for name, tokens in contexts.items()],
+        "src",
+        [
+            WorkerLoad("a", "m", True, pinned_sessions=1, max_sessions=2),
+            WorkerLoad("b", "m", True, pinned_sessions=0, max_sessions=4, kv_tokens_capacity=10000),
+            WorkerLoad(
+                "src",
+                "m",
+                True,
+                pinned_sessions=6,
+                max_sessions=16,
+                kv_tokens_pinned=sum(contexts.values()),
+            ),
+            WorkerLoad("v", "m", True, pinned_sessions=0, max_sessions=1),
+        ],
+        (),
+        NOW,
+        timedelta(seconds=30),
+        frozenset({"src", "a", "b"}) if through_checkpoint else None,
+    )
+    operator = {
+        step.session.session_id: step.target
+        or f"none ({step.reason.value if step.reason is not None else step.action.name})"
+        for step in steps
+    }
+    assert shown == operator == BATCH_TARGETS[through_checkpoint]
+
+
 def test_a_drain_already_under_way_counts_from_its_start() -> None:
-    snap = views.snapshot(
+    snap = snapshot(
         [draining("w", started=90, spec={"drain": True})],
         [bound("s", "w")],
     )
-    text = views.drain_preview(snap, snap.workers[0], NOW, dry_run=False, was_set=True)
+    text = drain_preview(snap, snap.workers[0], NOW, dry_run=False, was_set=True)
     assert text.splitlines()[0] == "InferenceWorker ns/w: spec.drain is already true"
     assert "Draining:     since 90s ago (SessionsPinned); times below count from then" in text
     assert "grace 2m, in 30s (2026-01-01T12:00:30Z)" in text
@@ -738,26 +896,26 @@ def test_a_drain_already_under_way_counts_from_its_start() -> None:
 
 
 def test_a_drain_warns_when_spec_drain_does_nothing_or_the_policy_is_wrong() -> None:
-    snap = views.snapshot(
+    snap = snapshot(
         [ready("w", spec={"drainPolicyRef": "off"}), ready("x", spec={"drainPolicyRef": "gone"})],
         policies=[policy("off", triggers={"workerDrain": False})],
     )
-    off = views.drain_preview(snap, snap.workers[0], NOW, dry_run=True, was_set=False)
+    off = drain_preview(snap, snap.workers[0], NOW, dry_run=True, was_set=False)
     assert "warning: this policy does not drain on spec.drain" in off
     assert "Pinned sessions: none" in off
     assert "no session is pinned: w is Drained: its pod is deleted" in off
-    gone = views.drain_preview(snap, snap.workers[1], NOW, dry_run=True, was_set=False)
+    gone = drain_preview(snap, snap.workers[1], NOW, dry_run=True, was_set=False)
     assert "warning: DrainPolicy gone does not exist; using the built-in default" in gone
     assert "Policy:       the built-in default (PolicyNotFound:" in gone
 
 
 def test_a_whole_worker_migration_is_described_as_such() -> None:
-    snap = views.snapshot(
+    snap = snapshot(
         [ready("w")],
         [bound("s", "w")],
         [policy("whole", migrationScope="Worker", mode="Migrate")],
     )
-    text = views.drain_preview(snap, snap.workers[0], NOW, dry_run=True, was_set=False)
+    text = drain_preview(snap, snap.workers[0], NOW, dry_run=True, was_set=False)
     assert "w moves whole to a node that is not draining; its sessions follow it" in text
     assert "Migration:    the whole worker is checkpointed and restarted" in text
 
@@ -776,8 +934,8 @@ def test_a_whole_worker_migration_is_described_as_such() -> None:
     ],
 )
 def test_undrain_says_what_follows(body: dict[str, Any], was_set: bool, expected: str) -> None:
-    snap = views.snapshot([body], [bound("s", "w")])
-    text = views.undrain_summary(snap, snap.workers[0], NOW, dry_run=False, was_set=was_set)
+    snap = snapshot([body], [bound("s", "w")])
+    text = undrain_summary(snap, snap.workers[0], NOW, dry_run=False, was_set=was_set)
     assert expected in text
 
 
@@ -791,8 +949,8 @@ def test_undrain_of_a_drain_of_the_node_says_it_goes_on() -> None:
             cond("Draining", "True", "SessionsPinned", "waiting; triggered by NodeCordoned")
         ],
     )
-    snap = views.snapshot([body])
-    text = views.undrain_summary(snap, snap.workers[0], NOW, dry_run=True, was_set=True)
+    snap = snapshot([body])
+    text = undrain_summary(snap, snap.workers[0], NOW, dry_run=True, was_set=True)
     assert "spec.drain would be set to false (dry run)" in text
     assert "draining for another reason (waiting; triggered by NodeCordoned)" in text
 
@@ -801,7 +959,7 @@ def test_undrain_of_a_drain_of_the_node_says_it_goes_on() -> None:
 
 
 def test_a_manual_checkpoint_is_a_valid_worker_checkpoint() -> None:
-    body = views.manual_checkpoint("w", "ns")
+    body = manual_checkpoint("w", "ns")
     assert body["metadata"]["generateName"] == "w-manual-"
     assert body["spec"]["reason"] == "Manual" and body["spec"]["worker"] == "w"
     assert "ownerReferences" not in body["metadata"]
@@ -811,7 +969,7 @@ def test_a_manual_checkpoint_is_a_valid_worker_checkpoint() -> None:
 
 def test_checkpoint_outcomes() -> None:
     pending: dict[str, Any] = {"metadata": {"name": "c"}, "spec": {"worker": "w"}}
-    assert views.checkpoint_phase(pending) == "Pending" and views.checkpoint_done(pending) is None
+    assert checkpoint_phase(pending) == "Pending" and checkpoint_done(pending) is None
     done = {
         **pending,
         "status": {
@@ -824,8 +982,8 @@ def test_checkpoint_outcomes() -> None:
             "totalTokens": 100,
         },
     }
-    assert views.checkpoint_done(done) is True
-    assert views.checkpoint_summary(done).splitlines() == [
+    assert checkpoint_done(done) is True
+    assert checkpoint_summary(done).splitlines() == [
         "written in 0.4s of epoch 1: 3.0 MiB, 1 session(s), 100 tokens",
         "location: /ckpt/ns/w/c",
     ]
@@ -837,8 +995,8 @@ def test_checkpoint_outcomes() -> None:
             "conditions": [cond("Checkpointed", "False", "DriverUnsupported", "driver none")],
         },
     }
-    assert views.checkpoint_done(failed) is False
-    assert views.checkpoint_summary(failed) == "failed: DriverUnsupported: driver none"
+    assert checkpoint_done(failed) is False
+    assert checkpoint_summary(failed) == "failed: DriverUnsupported: driver none"
 
 
 # --- the command line -----------------------------------------------------------------
@@ -1180,8 +1338,8 @@ def test_explain_as_json_or_yaml(fmt: str) -> None:
     code, out, err = run(api, "explain", "session", "id-p", "-o", fmt)
     assert (code, err) == (0, "")
     record = json.loads(out) if fmt == "json" else yaml.safe_load(out)
-    snap = views.snapshot([ready("w")], [lonely])
-    assert record == views.explain_session_record(snap.sessions[0], [], snap, NOW)
+    snap = snapshot([ready("w")], [lonely])
+    assert record == explain_session_record(snap.sessions[0], [], snap, NOW)
     assert record["ready"]["reason"] == "NoReadyWorker" and record["events"] == []
     api.refuse[("list", "events")] = Forbidden(403, "events is forbidden")
     code, out, _ = run(api, "explain", "session", "p", "-o", fmt)

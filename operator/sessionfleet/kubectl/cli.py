@@ -3,7 +3,8 @@
 kubectl runs ``kubectl-sessionfleet`` from PATH for ``kubectl sessionfleet ...``. Each
 subcommand reads what it needs from the API server with the project's own client
 (:class:`~sessionfleet.kube.Kube`), writes at most one object, and hands the rest to
-the pure builders of :mod:`sessionfleet.kubectl.views`.
+the pure builders of :mod:`sessionfleet.kubectl.views` (one module per part of the
+output).
 
 Exit status: 0 when the command did what it says; 1 when an object is missing, the API
 server refused, or a checkpoint failed or timed out (with one line on stderr, the
@@ -41,7 +42,18 @@ from sessionfleet.kube import (
     NotFound,
     Resource,
 )
-from sessionfleet.kubectl import views
+from sessionfleet.kubectl.views.checkpoints import (
+    checkpoint_done,
+    checkpoint_phase,
+    checkpoint_summary,
+    manual_checkpoint,
+)
+from sessionfleet.kubectl.views.drain import drain_preview, undrain_summary
+from sessionfleet.kubectl.views.events import events_about
+from sessionfleet.kubectl.views.explain import explain_session, explain_session_record
+from sessionfleet.kubectl.views.sessions import matching_sessions, session_record, sessions_text
+from sessionfleet.kubectl.views.snapshot import Snapshot, snapshot
+from sessionfleet.kubectl.views.status import status_json, status_text
 from sessionfleet.resources.names import session_object_name
 
 EXIT_OK = 0
@@ -191,13 +203,13 @@ async def _items(ctx: Context, resource: Resource, namespace: str | None) -> lis
     return items
 
 
-async def _fleet(ctx: Context, namespace: str | None) -> views.Snapshot:
+async def _fleet(ctx: Context, namespace: str | None) -> Snapshot:
     workers, sessions, policies = await asyncio.gather(
         _items(ctx, WORKERS, namespace),
         _items(ctx, SESSIONS, namespace),
         _items(ctx, DRAIN_POLICIES, namespace),
     )
-    return views.snapshot(workers, sessions, policies)
+    return snapshot(workers, sessions, policies)
 
 
 async def _worker(ctx: Context, name: str) -> dict[str, Any]:
@@ -223,9 +235,9 @@ async def cmd_status(ctx: Context, args: argparse.Namespace) -> int:
     snap = await _fleet(ctx, ctx.namespace)
     now = ctx.clock()
     if args.output != "text":
-        ctx.document(views.status_json(snap, now, ctx.namespace), args.output)
+        ctx.document(status_json(snap, now, ctx.namespace), args.output)
     else:
-        ctx.print(views.status_text(snap, now, ctx.namespace))
+        ctx.print(status_text(snap, now, ctx.namespace))
     return EXIT_OK
 
 
@@ -233,13 +245,13 @@ async def cmd_sessions(ctx: Context, args: argparse.Namespace) -> int:
     """``sessions``: one row per session, optionally only those bound to one worker."""
     if args.worker and ctx.namespace is not None:
         await _worker(ctx, args.worker)
-    snap = views.snapshot(sessions=await _items(ctx, SESSIONS, ctx.namespace))
+    snap = snapshot(sessions=await _items(ctx, SESSIONS, ctx.namespace))
     sessions = [s for s in snap.sessions if not args.worker or s.status.worker == args.worker]
     now = ctx.clock()
     if args.output != "text":
-        ctx.document([views.session_record(s, now) for s in sessions], args.output)
+        ctx.document([session_record(s, now) for s in sessions], args.output)
     else:
-        ctx.print(views.sessions_text(sessions, now, ctx.namespace))
+        ctx.print(sessions_text(sessions, now, ctx.namespace))
     for problem in snap.unreadable:
         print(problem.describe(), file=ctx.err)
     return EXIT_OK
@@ -257,7 +269,7 @@ async def _find_session(ctx: Context, key: str) -> dict[str, Any]:
             return await ctx.api.get(SESSIONS, name, ctx.ns)
         except NotFound:
             continue
-    found = views.matching_sessions(await _items(ctx, SESSIONS, ctx.ns), key)
+    found = matching_sessions(await _items(ctx, SESSIONS, ctx.ns), key)
     if not found:
         raise Missing(
             f'AgentSession "{key}" not found in namespace "{ctx.ns}" '
@@ -290,23 +302,19 @@ async def _events(ctx: Context, name: str) -> tuple[list[list[dict[str, Any]]], 
 async def cmd_explain(ctx: Context, args: argparse.Namespace) -> int:
     """``explain session S``: why a session is where it is, from conditions and events."""
     body = await _find_session(ctx, args.name)
-    read = views.snapshot(sessions=[body])
+    read = snapshot(sessions=[body])
     if not read.sessions:
         raise Missing(read.unreadable[0].describe())
     session = read.sessions[0]
     snap, (listings, problem) = await asyncio.gather(
         _fleet(ctx, ctx.ns), _events(ctx, session.metadata.name)
     )
-    events = views.events_about(
-        "AgentSession", session.metadata.name, session.metadata.uid, *listings
-    )
+    events = events_about("AgentSession", session.metadata.name, session.metadata.uid, *listings)
     if args.output != "text":
-        record = views.explain_session_record(
-            session, events, snap, ctx.clock(), events_problem=problem
-        )
+        record = explain_session_record(session, events, snap, ctx.clock(), events_problem=problem)
         ctx.document(record, args.output)
         return EXIT_OK
-    ctx.print(views.explain_session(session, events, snap, ctx.clock(), events_problem=problem))
+    ctx.print(explain_session(session, events, snap, ctx.clock(), events_problem=problem))
     return EXIT_OK
 
 
@@ -318,13 +326,9 @@ async def _set_drain(ctx: Context, args: argparse.Namespace, drain: bool) -> int
         await ctx.api.patch(WORKERS, args.worker, {"spec": {"drain": drain}}, ctx.ns)
     now = ctx.clock()
     if drain:
-        text = views.drain_preview(
-            snap, worker, now, dry_run=args.dry_run, was_set=worker.spec.drain
-        )
+        text = drain_preview(snap, worker, now, dry_run=args.dry_run, was_set=worker.spec.drain)
     else:
-        text = views.undrain_summary(
-            snap, worker, now, dry_run=args.dry_run, was_set=worker.spec.drain
-        )
+        text = undrain_summary(snap, worker, now, dry_run=args.dry_run, was_set=worker.spec.drain)
     ctx.print(text)
     return EXIT_OK
 
@@ -348,9 +352,7 @@ async def cmd_checkpoint(ctx: Context, args: argparse.Namespace) -> int:
     """
     say = ctx.print if args.output == "text" else ctx.note
     await _worker(ctx, args.worker)
-    created = await ctx.api.create(
-        CHECKPOINTS, views.manual_checkpoint(args.worker, ctx.ns), ctx.ns
-    )
+    created = await ctx.api.create(CHECKPOINTS, manual_checkpoint(args.worker, ctx.ns), ctx.ns)
     name = str(created["metadata"]["name"])
     say(f"WorkerCheckpoint {ctx.ns}/{name} created for worker {args.worker} (reason Manual)")
     if not args.wait:
@@ -366,12 +368,12 @@ async def cmd_checkpoint(ctx: Context, args: argparse.Namespace) -> int:
         """Print the phase when it changed; return whether the checkpoint is over."""
         nonlocal shown, latest
         latest = body
-        phase = views.checkpoint_phase(body)
+        phase = checkpoint_phase(body)
         if phase != shown:
             elapsed = asyncio.get_running_loop().time() - started
             say(f"{elapsed:6.1f}s  {phase}")
             shown = phase
-        return views.checkpoint_done(body)
+        return checkpoint_done(body)
 
     try:
         async with asyncio.timeout(timeout.total_seconds()):
@@ -384,10 +386,10 @@ async def cmd_checkpoint(ctx: Context, args: argparse.Namespace) -> int:
         if args.output != "text":
             ctx.document(latest, args.output)
         return EXIT_FAILED
-    say(views.checkpoint_summary(final))
+    say(checkpoint_summary(final))
     if args.output != "text":
         ctx.document(final, args.output)
-    return EXIT_OK if views.checkpoint_done(final) else EXIT_FAILED
+    return EXIT_OK if checkpoint_done(final) else EXIT_FAILED
 
 
 async def _watch_until_done(

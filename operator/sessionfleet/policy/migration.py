@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import Enum
 
-from sessionfleet.api import SessionPhase
+from sessionfleet.api import CheckpointDriver, DrainPolicySpec, Reason, SessionPhase
 from sessionfleet.policy.handshake import RouterLease, handshake, stamp
 from sessionfleet.policy.placement import Placement, PlacementRequest, WorkerLoad, place
 from sessionfleet.policy.sessions import SessionState
@@ -42,6 +42,17 @@ class MigrationStep:
     """For MOVE, why that worker (placement's message); otherwise what it waits for."""
     overdue: tuple[str, ...] = ()
     """For MOVE after the acknowledgement timeout: the replicas that never answered."""
+    reason: Reason | None = None
+    """For MOVE and NO_TARGET, placement's reason (NO_TARGET: why no worker has room)."""
+
+
+def through_checkpoint(policy: DrainPolicySpec, driver: CheckpointDriver) -> bool:
+    """Whether a drain's sessions move with their saved state.
+
+    The DrainPolicy asks for a checkpoint and the worker has a driver to take one; else
+    each session moves without its cache and recomputes its prefix on its new worker.
+    """
+    return policy.checkpoint and driver is not CheckpointDriver.NONE
 
 
 def _with_session(loads: Sequence[WorkerLoad], worker: str, tokens: int) -> list[WorkerLoad]:
@@ -123,7 +134,12 @@ def plan_migration(
         placement = _target(session, source, current, loaders)
         if placement.worker is None:
             steps.append(
-                MigrationStep(session, MigrationAction.NO_TARGET, message=placement.message)
+                MigrationStep(
+                    session,
+                    MigrationAction.NO_TARGET,
+                    message=placement.message,
+                    reason=placement.reason,
+                )
             )
             continue
         current = _with_session(current, placement.worker, session.context_tokens)
@@ -134,6 +150,7 @@ def plan_migration(
                 target=placement.worker,
                 message=placement.message,
                 overdue=state.waiting_for if state.timed_out else (),
+                reason=placement.reason,
             )
         )
     return steps

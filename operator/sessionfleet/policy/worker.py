@@ -23,7 +23,6 @@ from datetime import datetime, timedelta
 from typing import Any, Final
 
 from sessionfleet.api import (
-    CheckpointDriver,
     ConditionStatus,
     ConditionType,
     HoldMechanism,
@@ -41,6 +40,7 @@ from sessionfleet.policy.drain import (
     holds_while_pinned,
 )
 from sessionfleet.policy.events import EventType, Notice
+from sessionfleet.policy.migration import through_checkpoint
 from sessionfleet.policy.observed import NodeState, PodState
 from sessionfleet.policy.recovery import (
     DEFAULT_NODE_NOT_READY_TOLERATION,
@@ -526,8 +526,7 @@ def _running(facts: _Facts) -> WorkerPlan:
         holds=drain.holds,
         migrate=drain.migrate,
         move_worker=drain.move_worker,
-        migrate_through_checkpoint=obs.policy.spec.checkpoint
-        and obs.spec.checkpoint.driver is not CheckpointDriver.NONE,
+        migrate_through_checkpoint=through_checkpoint(obs.policy.spec, obs.spec.checkpoint.driver),
         consecutive_failures=0 if phase is WorkerPhase.READY else facts.failures,
         last_recovery_at=facts.last_recovery,
         drain_done=drain.done,
