@@ -552,9 +552,7 @@ def test_checkpoints_parse_and_record_without_raising(body: dict[str, Any]) -> N
 # --- planning on what parsed --------------------------------------------------------------
 
 NAMES = st.sampled_from(["s-0", "s-1", "s-2", "s-3"])
-PINNED = st.lists(
-    st.builds(PinnedSession, NAMES, st.booleans()), max_size=4, unique_by=lambda p: p.name
-)
+PINNED = st.lists(st.builds(PinnedSession, NAMES), max_size=4, unique_by=lambda p: p.name)
 NODE_NAMES = st.sampled_from(["n-0", "n-1"])
 TAINTS = st.frozensets(
     st.sampled_from(["karpenter.sh/disrupted", "ToBeDeletedByClusterAutoscaler", "other"])

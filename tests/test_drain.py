@@ -119,7 +119,7 @@ def test_default_policy_fits_eks() -> None:
     assert DEFAULT_POLICY.deadline == "10m" and DEFAULT_POLICY.grace_period == "2m"
 
 
-PINNED = [PinnedSession("s1"), PinnedSession("s2", turn_in_flight=True)]
+PINNED = [PinnedSession("s1"), PinnedSession("s2")]
 
 
 @pytest.mark.parametrize(
@@ -160,8 +160,9 @@ PINNED = [PinnedSession("s1"), PinnedSession("s2", turn_in_flight=True)]
             False,
             Reason.DEADLINE_REACHED,
         ),
-        # Migrate moves sessions between turns at once, leaving the one mid-turn
-        ({"mode": "Migrate"}, 0, PINNED, True, ("s1",), False, False, Reason.MIGRATING),
+        # Migrate names every pinned session at once (each moves at its turn boundary:
+        # policy.migration's handshake)
+        ({"mode": "Migrate"}, 0, PINNED, True, ("s1", "s2"), False, False, Reason.MIGRATING),
         # WaitThenMigrate waits for the grace period ...
         (
             {"mode": "WaitThenMigrate", "gracePeriod": "2m"},
@@ -179,7 +180,7 @@ PINNED = [PinnedSession("s1"), PinnedSession("s2", turn_in_flight=True)]
             120,
             PINNED,
             True,
-            ("s1",),
+            ("s1", "s2"),
             False,
             False,
             Reason.GRACE_PERIOD_EXPIRED,

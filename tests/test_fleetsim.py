@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from datetime import datetime
+from typing import Any
 
 import pytest
 
@@ -19,6 +21,11 @@ from sessionfleet.fleetsim import (
     make_strategy,
     simulate,
 )
+from sessionfleet.fleetsim._observed import EPOCH
+from sessionfleet.policy import migration as migration_policy
+from sessionfleet.policy import worker as worker_policy
+from sessionfleet.policy.migration import MigrationAction, MigrationStep
+from sessionfleet.policy.worker import WorkerObservation, WorkerPlan
 from sessionfleet.workload import Session, WorkloadConfig, generate
 
 AMPLE = FleetConfig(kv_tokens=50_000_000)
@@ -137,16 +144,6 @@ def test_runs_are_reproducible() -> None:
     assert first.ttft_histogram == second.ttft_histogram
 
 
-def test_policy_functions_are_the_operators_own() -> None:
-    from sessionfleet.fleetsim import _sim, _strategies
-    from sessionfleet.policy import drain, placement, recovery, sessions
-
-    assert _strategies.place is placement.place
-    assert _sim.decide_drain is drain.decide_drain
-    assert _sim.recovery_reason is recovery.recovery_reason
-    assert _sim.decide_session is sessions.decide_session
-
-
 def test_operator_placement_calls_the_policy_once_per_session(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -222,6 +219,198 @@ def test_wait_then_migrate_waits_the_grace_period() -> None:
     assert drain.duration is not None and 60 <= drain.duration < 120
     assert drain.migrated_with_checkpoint > 0
     assert drain.migrated_with_checkpoint < drain.pinned_at_start  # some finished first
+
+
+def seconds(moment: datetime) -> float:
+    """Return the simulated second of a moment the policies saw."""
+    return (moment - EPOCH).total_seconds()
+
+
+class PolicySpy:
+    """Records every plan_worker and plan_migration call of a simulation, and what it did.
+
+    The simulation's own acts are recorded apart from the plans: each session it moved
+    (``_move``) and each pod it took down (``_take_down``), so a test can hold the acts
+    against the plans.
+    """
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from sessionfleet.fleetsim import _sim
+
+        self.worker_plans: list[tuple[WorkerObservation, WorkerPlan]] = []
+        self.migration_plans: list[tuple[tuple[Any, ...], list[MigrationStep]]] = []
+        self.moves: list[tuple[float, str, str, str]] = []
+        self.taken_down: list[tuple[float, str]] = []
+        self.simulation: Simulation | None = None
+
+        def plan_worker_spy(observation: WorkerObservation) -> WorkerPlan:
+            plan = worker_policy.plan_worker(observation)
+            self.worker_plans.append((observation, plan))
+            return plan
+
+        def plan_migration_spy(*args: Any) -> list[MigrationStep]:
+            steps = migration_policy.plan_migration(*args)
+            self.migration_plans.append((args, steps))
+            return steps
+
+        monkeypatch.setattr(_sim, "plan_worker", plan_worker_spy)
+        monkeypatch.setattr(_sim, "plan_migration", plan_migration_spy)
+
+    def run(
+        self,
+        sessions: Any,
+        settings: OperatorSettings,
+        disruptions: tuple[Drain | Failure, ...],
+        fleet: FleetConfig = SMALL,
+    ) -> SimResult:
+        simulation = Simulation(sessions, make_strategy("operator"), fleet, settings, disruptions)
+        move, take_down = simulation._move, simulation._take_down
+
+        def moving(live: Any, source: Any, target: Any, *rest: Any) -> None:
+            now = rest[1]
+            moved = (round(now, 6), live.session.session_id, source.name, target.name)
+            self.moves.append(moved)
+            move(live, source, target, *rest)
+
+        clock = [0.0]
+        drain_step = simulation._drain_step
+
+        def stepping(worker: Any, now: float) -> None:
+            clock[0] = now  # pods are taken down only in a drain step
+            drain_step(worker, now)
+
+        def taking_down(worker: Any) -> None:
+            self.taken_down.append((clock[0], worker.name))
+            take_down(worker)
+
+        simulation._move = moving  # type: ignore[method-assign]
+        simulation._take_down = taking_down  # type: ignore[method-assign]
+        simulation._drain_step = stepping  # type: ignore[method-assign]
+        self.simulation = simulation
+        return simulation.run()
+
+    def plans_of(self, worker: str) -> list[tuple[WorkerObservation, WorkerPlan]]:
+        return [(o, p) for o, p in self.worker_plans if o.name == worker]
+
+    def moves_planned(self) -> list[tuple[float, str, str, str]]:
+        return [
+            (round(seconds(args[4]), 6), step.session.name, args[1], step.target or "")
+            for args, steps in self.migration_plans
+            for step in steps
+            if step.action is MigrationAction.MOVE
+        ]
+
+
+def test_a_simulated_drain_does_what_the_operators_plans_say(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    spy = PolicySpy(monkeypatch)
+    result = spy.run(
+        generate(BUSY, 1), operator(DrainMode.WAIT_THEN_MIGRATE, gracePeriod="1m"), DRAIN
+    )
+    (drain,) = result.drains
+    plans = spy.plans_of(drain.worker)
+    assert plans and spy.migration_plans
+    # Replayed through the operator's functions, the recorded inputs give the same plans.
+    for observation, plan in spy.worker_plans:
+        assert worker_policy.plan_worker(observation) == plan
+    for args, steps in spy.migration_plans:
+        assert migration_policy.plan_migration(*args) == steps
+    # Held while anything holds the pod; evicted at the first plan that holds nothing.
+    released = [i for i, (_, plan) in enumerate(plans) if not plan.holds]
+    assert released and all(plan.holds for _, plan in plans[: released[0]])
+    last_observation, last_plan = plans[released[0]]
+    assert seconds(last_observation.now) == pytest.approx(drain.finished, abs=1e-6)
+    assert last_plan.drain_done and drain.released == 0
+    assert (drain.finished, drain.worker) in spy.taken_down
+    # No session moved before the plan said migrate (the grace period), and every move
+    # the simulation made is one plan_migration returned, and the other way round.
+    first_migrate = next(o.now for o, plan in plans if plan.migrate)
+    assert seconds(first_migrate) == drain.started + 60
+    assert spy.moves == spy.moves_planned()
+    assert len(spy.moves) == drain.migrated_with_checkpoint > 0
+    # Each session moved was marked Migrating first (the handshake), then moved.
+    handshakes = {
+        step.session.name: seconds(args[4])
+        for args, steps in spy.migration_plans
+        for step in steps
+        if step.action is MigrationAction.START_HANDSHAKE
+    }
+    for when, session, _, _ in spy.moves:
+        assert handshakes[session] <= when
+
+
+def test_the_drain_policy_changes_a_simulated_drain_as_it_changes_the_operators(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    wait = PolicySpy(monkeypatch)
+    waited = wait.run(generate(BUSY, 1), operator(DrainMode.WAIT), DRAIN)
+    migrate = PolicySpy(monkeypatch)  # the spy of this run replaces the first
+    migrated = migrate.run(generate(BUSY, 1), operator(DrainMode.MIGRATE), DRAIN)
+    worker = waited.drains[0].worker
+    (wait_start, wait_plan), *_ = wait.plans_of(worker)
+    (migrate_start, migrate_plan), *_ = migrate.plans_of(worker)
+    # The same worker at the same moment: only the policy differs, and the operator's
+    # plan for the one is what the simulation under the other policy followed.
+    assert wait_start == replace(migrate_start, policy=wait_start.policy)
+    assert worker_policy.plan_worker(replace(wait_start, policy=migrate_start.policy)) == (
+        migrate_plan
+    )
+    assert wait_plan.migrate == () and migrate_plan.migrate == tuple(
+        p.name for p in wait_start.pinned
+    )
+    assert not wait.moves and not wait.migration_plans
+    assert len(migrate.moves) == migrated.drains[0].migrated_with_checkpoint > 0
+    assert migrated.drains[0].duration < waited.drains[0].duration  # type: ignore[operator]
+
+
+@pytest.mark.parametrize(
+    ("drained", "name", "moved_at"),
+    [
+        (0, "short", 14.06),  # at the end of its turn's answer: 0.06 s prefill, 14 s decode
+        (1, "long", 40.0),  # its answer takes 60 s: at the acknowledgement timeout, 30 s
+    ],
+)
+def test_a_session_mid_turn_moves_at_its_turn_boundary(
+    monkeypatch: pytest.MonkeyPatch, drained: int, name: str, moved_at: float
+) -> None:
+    def session(session_id: str, output: int) -> Session:
+        return Session(
+            session_id=session_id,
+            arrival=0.0,
+            new_tokens=(4_000, 500, 500),
+            output_tokens=(output, 40, 40),
+            pauses=(0.1, 3.0, 0.0),
+            system_prompt_tokens=1_000,
+            prefix_group="g",
+        )
+
+    # "short" is placed on worker-00, "long" on worker-01; at 10 s both are mid-turn.
+    spy = PolicySpy(monkeypatch)
+    result = spy.run(
+        [session("short", 560), session("long", 2_400)],
+        operator(DrainMode.MIGRATE),
+        (Drain(10.0, drained),),
+        FleetConfig(workers=2, max_sessions=2),
+    )
+    (drain,) = result.drains
+    (handshake,) = [
+        step
+        for _, steps in spy.migration_plans
+        for step in steps
+        if step.action is MigrationAction.START_HANDSHAKE
+    ]
+    assert handshake.session.name == name
+    assert handshake.session.migrating_since is None  # marked at the drain, 10 s
+    ((when, moved, source, target),) = spy.moves
+    assert (moved, source) == (name, f"worker-0{drained}")
+    assert target == f"worker-0{1 - drained}"
+    assert when == pytest.approx(moved_at)
+    assert drain.finished == pytest.approx(moved_at)  # evicted once nothing was pinned
+    # "short"'s next turn, sent 0.1 s after its answer, waits for its KV to arrive.
+    assert result.held_turns == (1 if name == "short" else 0)
+    assert result.sessions == 2 and result.turns == 6
+    assert result.recomputed_tokens == 0
 
 
 def test_drained_worker_comes_back_empty() -> None:

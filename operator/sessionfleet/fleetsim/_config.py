@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from sessionfleet.api import CheckpointDriver, DrainPolicySpec
 from sessionfleet.policy.drain import DEFAULT_POLICY
+from sessionfleet.policy.handshake import DEFAULT_ACK_TIMEOUT
 from sessionfleet.policy.recovery import DEFAULT_NODE_NOT_READY_TOLERATION
 
 
@@ -85,6 +86,12 @@ class OperatorSettings:
     checkpoint_interval: float | None = None
     """Seconds between periodic checkpoints of every worker (spec.checkpoint.interval)."""
     node_not_ready_toleration: float = DEFAULT_NODE_NOT_READY_TOLERATION.total_seconds()
+    ack_timeout: float = DEFAULT_ACK_TIMEOUT.total_seconds()
+    """Seconds a Migrating session waits for the routers' acknowledgement before it moves
+    anyway (the operator's ``--ack-timeout``)."""
+    resync_seconds: float = 2.0
+    """How often the operator looks again at a worker whose plan waits on the clock or on
+    room elsewhere (its fleet loop's resync period)."""
 
     @property
     def can_checkpoint(self) -> bool:

@@ -18,13 +18,14 @@ from __future__ import annotations
 import itertools
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from functools import partial
 from heapq import heappop as _heappop
 from heapq import heappush
+from math import inf
 from math import log as _log
 
-from sessionfleet.api import SessionPhase, WorkerPhase
+from sessionfleet.api import SessionPhase
 from sessionfleet.fleetsim._config import (
     Disruption,
     Drain,
@@ -32,6 +33,20 @@ from sessionfleet.fleetsim._config import (
     FleetConfig,
     OperatorSettings,
 )
+from sessionfleet.fleetsim._observed import (
+    accepting,
+    cordoned_node,
+    node_name,
+    router_leases,
+    running_pod,
+    serving_status,
+    session_state,
+    worker_loads,
+    worker_observation,
+    worker_spec,
+    written,
+)
+from sessionfleet.fleetsim._observed import at as _at
 from sessionfleet.fleetsim._results import (
     _TTFT_BUCKETS,
     _TTFT_MIN,
@@ -42,23 +57,18 @@ from sessionfleet.fleetsim._results import (
 )
 from sessionfleet.fleetsim._state import Live, Worker
 from sessionfleet.fleetsim._strategies import STRATEGIES, Operator, Strategy
-from sessionfleet.policy.drain import PinnedSession, decide_drain
-from sessionfleet.policy.observed import NodeState, PodState
-from sessionfleet.policy.recovery import recovery_reason
+from sessionfleet.policy.migration import MigrationAction, plan_migration
+from sessionfleet.policy.observed import NodeState
 from sessionfleet.policy.sessions import SessionState, WorkerBrief, decide_session
-from sessionfleet.policy.worker import pod_name
+from sessionfleet.policy.worker import plan_worker
 from sessionfleet.workload import Session
 
-# The policies reason in wall-clock datetimes; the simulation's second 0 is this.
-_EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
 _TTFT_INVERSE_MIN = 1.0 / _TTFT_MIN
+_UNTIL_MOVED = inf
+"""``Live.hold_until`` of a Migrating session: its next turn waits for the move."""
 
 ProgressCallback = Callable[[int, int | None], None]
 """Called with (sessions finished, sessions expected or None) now and then."""
-
-
-def _at(seconds: float) -> datetime:
-    return _EPOCH + timedelta(seconds=seconds)
 
 
 class Simulation:
@@ -91,6 +101,10 @@ class Simulation:
             for i in range(config.workers)
         ]
         self.by_name = {w.name: w for w in self.workers}
+        for worker in self.workers:
+            worker.status = serving_status(worker)
+        self._spec = worker_spec(config, self.settings)
+        self._drain_checks: set[tuple[int, float]] = set()
         self.up_workers = list(self.workers)
         self.generation = 0
         self.result = SimResult(strategy.label, bin_seconds=bin_seconds)
@@ -204,7 +218,10 @@ class Simulation:
         result = self.result
         if live.hold_until > now:
             result.held_turns += 1
-            self._schedule(live.hold_until, live)
+            if live.hold_until == _UNTIL_MOVED:
+                live.parked = True  # the move schedules it (_resume)
+            else:
+                self._schedule(live.hold_until, live)
             return
         if live is self._lookahead:
             self._admit(now)
@@ -353,6 +370,7 @@ class Simulation:
         worker.draining = None
         if new_epoch:
             worker.epoch += 1
+        worker.status = serving_status(worker)
         worker.cache.clear()
         worker.free_at = now
         worker.inflight.clear()
@@ -377,54 +395,143 @@ class Simulation:
             self._take_down(worker)
             self._schedule(record.finished + restart, partial(self._come_back, worker))
             return
-        worker.accepting = False
+        # The node is cordoned and its pod will be evicted as soon as nothing holds it.
         worker.draining = record
         self._drain_step(worker, now)
 
     def _drain_step(self, worker: Worker, now: float) -> None:
-        """Ask the drain policy what to do now, and do it."""
+        """Reconcile a draining worker as the operator does: plan it, then carry the plan out.
+
+        The operator looks at the worker again whenever one of its sessions changes: here
+        at once after a batch moved, when a session finishes, when a router acknowledges
+        a migration, and when the plan asks to look again.
+        """
         record = worker.draining
         assert isinstance(record, DrainRecord)
-        policy = self.settings.drain_policy
-        bound = list(worker.bound)
-        pinned = [PinnedSession(s.session.session_id, s.busy_until > now) for s in bound]
-        decision = decide_drain(policy, _at(record.started), _at(now), pinned)
-        if decision.migrate:
-            by_id = {s.session.session_id: s for s in bound}
-            for session_id in decision.migrate:
-                self._migrate(by_id[session_id], worker, now, record)
-            if not worker.bound:
-                decision = decide_drain(policy, _at(record.started), _at(now), [])
-        if decision.done or decision.released:
-            record.released = len(worker.bound) if decision.released else 0
+        while True:
+            observation = worker_observation(
+                worker, self._spec, self.settings, now, running_pod(worker), cordoned_node(worker)
+            )
+            plan = plan_worker(observation)
+            worker.status = written(worker.status, plan)
+            worker.accepting = accepting(plan)
+            moved = 0
+            if plan.migrate or plan.move_worker:
+                # Migration scope Worker is simulated as each session moving on its own.
+                names = plan.migrate or tuple(p.name for p in observation.pinned)
+                moved = self._migrate_sessions(
+                    worker, record, names, plan.migrate_through_checkpoint, now
+                )
+            if not moved:
+                break
+        if not plan.holds:
+            # Nothing holds the pod: the platform's eviction goes through.
+            record.released = 0 if plan.drain_done else len(worker.bound)
             record.finished = now
             worker.draining = None
+            for live in worker.bound:
+                self._resume(live, now)
             self._take_down(worker)
             self._schedule(now + self.config.restart_seconds, partial(self._come_back, worker))
-        elif decision.recheck_after is not None:
-            self._schedule(now + decision.recheck_after, partial(self._drain_check, worker, record))
+        elif plan.recheck_after is not None:
+            self._look_again(worker, record, now + plan.recheck_after)
 
-    def _drain_check(self, worker: Worker, record: DrainRecord, now: float) -> None:
+    def _look_again(self, worker: Worker, record: DrainRecord, when: float) -> None:
+        """Schedule one more drain step at ``when`` (once, however many ask for it)."""
+        key = (worker.index, when)
+        if key not in self._drain_checks:
+            self._drain_checks.add(key)
+            self._schedule(when, partial(self._drain_check, worker, record, key))
+
+    def _drain_check(
+        self, worker: Worker, record: DrainRecord, key: tuple[int, float], now: float
+    ) -> None:
+        self._drain_checks.discard(key)
         if worker.draining is record:
             self._drain_step(worker, now)
 
-    def _migrate(self, live: Live, source: Worker, now: float, record: DrainRecord) -> None:
-        """Move a session at a turn boundary, with its KV when checkpoints are on."""
-        strategy = self.strategy
-        assert isinstance(strategy, Operator)
-        target = strategy.place(self, live, now, frozenset({source.name}), live.prompt)
-        if target is None:
-            return  # nowhere to go yet: the next drain step tries again
-        if self.settings.migrate_with_checkpoint:
+    def _migrate_sessions(
+        self,
+        source: Worker,
+        record: DrainRecord,
+        names: Sequence[str],
+        through_checkpoint: bool,
+        now: float,
+    ) -> int:
+        """Carry out the operator's migration plan for ``names``; return how many moved.
+
+        As the operator's ``migrate_sessions``: a session is first marked Migrating (the
+        router then holds its next turn, and acknowledges once its turn in flight has
+        ended); once acknowledged, or once the acknowledgement is overdue, it moves to
+        the worker ``plan_migration`` chose, with its KV when the plan says so.
+        """
+        by_id = {live.session.session_id: live for live in source.bound}
+        batch = [by_id[name] for name in names if name in by_id]
+        model = self.config.model
+        steps = plan_migration(
+            [session_state(live, source, model, now) for live in batch],
+            source.name,
+            worker_loads(self.workers, self.config, now),
+            router_leases(now),
+            _at(now),
+            timedelta(seconds=self.settings.ack_timeout),
+            frozenset(self.by_name) if through_checkpoint else None,
+        )
+        moved = 0
+        for step in steps:
+            live = by_id[step.session.name]
+            action = step.action
+            if action is MigrationAction.START_HANDSHAKE:
+                live.migrating_since = now
+                live.hold_until = _UNTIL_MOVED
+                self._look_again(source, record, self._acknowledged_at(live))
+            elif action is MigrationAction.WAIT:
+                self._look_again(source, record, self._acknowledged_at(live))
+            elif action is MigrationAction.MOVE and step.target is not None:
+                self._move(live, source, self.by_name[step.target], through_checkpoint, now, record)
+                moved += 1
+            else:
+                # No worker has room: the operator tries again on its next pass.
+                self._look_again(source, record, now + self.settings.resync_seconds)
+        return moved
+
+    def _acknowledged_at(self, live: Live) -> float:
+        """When the handshake of a Migrating session completes: its turn's end, or timeout."""
+        since = live.migrating_since
+        assert since is not None
+        return min(max(since, live.busy_until), since + self.settings.ack_timeout)
+
+    def _move(
+        self,
+        live: Live,
+        source: Worker,
+        target: Worker,
+        through_checkpoint: bool,
+        now: float,
+        record: DrainRecord,
+    ) -> None:
+        """Rebind a session to ``target``, with its KV through a checkpoint when asked."""
+        resume_at = now
+        if through_checkpoint:
             tokens = source.cache.cached_tokens(live.key, live.group, live.shared)
             if tokens:
                 target.cache.store(live.key, live.group, live.shared, tokens)
-                transfer = self.config.cost.transfer_seconds(tokens)
-                live.hold_until = max(live.hold_until, now + transfer)
+                resume_at = now + self.config.cost.transfer_seconds(tokens)
             record.migrated_with_checkpoint += 1
         else:
             record.migrated_without_checkpoint += 1
         self._bind(live, target)
+        self._resume(live, resume_at)
+
+    def _resume(self, live: Live, when: float) -> None:
+        """End a session's Migrating phase: its held turn goes on at ``when``."""
+        if live.migrating_since is None:
+            return
+        live.migrating_since = None
+        live.hold_until = when
+        if live.parked:
+            live.parked = False
+            self._schedule(when, live)
 
     # --- failures and recovery ------------------------------------------------------
 
@@ -437,6 +544,8 @@ class Simulation:
         if isinstance(worker.draining, DrainRecord):
             worker.draining.finished = now  # the failure ended the drain
             worker.draining = None
+            for live in worker.bound:
+                self._resume(live, now)
         checkpoint = worker.checkpoint
         worker.checkpoint = None
         worker.up = False
@@ -466,27 +575,21 @@ class Simulation:
         now: float,
     ) -> None:
         """Notice the loss as the operator does: a new epoch, restored from a checkpoint."""
-        pod = PodState(
-            name=pod_name(worker.name, worker.epoch),
-            epoch=worker.epoch,
-            phase="Running" if node_lost else "Failed",
-            scheduled=True,
-            ready=node_lost,
-            node=f"node-{worker.index}",
-            terminated=not node_lost,
-        )
+        pod = running_pod(worker, ready=node_lost, failed=not node_lost)
         node = NodeState(
-            name=f"node-{worker.index}",
+            name=node_name(worker),
             ready=not node_lost,
             not_ready_since=_at(record.failed) if node_lost else None,
         )
-        toleration = timedelta(seconds=self.settings.node_not_ready_toleration)
-        if recovery_reason(pod, True, node, _at(now), toleration) is None:
-            # Not yet beyond the toleration: look again shortly.
-            self._schedule(now + 1.0, partial(self._recover, worker, record, node_lost, checkpoint))
+        plan = plan_worker(worker_observation(worker, self._spec, self.settings, now, pod, node))
+        if not plan.create_pod:
+            # Not yet beyond the toleration (or backing off): look again shortly.
+            again = now + (plan.recheck_after or 1.0)
+            self._schedule(again, partial(self._recover, worker, record, node_lost, checkpoint))
             return
+        worker.status = written(worker.status, plan)
         worker.recovering = True
-        worker.epoch += 1
+        worker.epoch = plan.epoch
         saved = checkpoint[1] if checkpoint is not None and self.settings.can_checkpoint else None
         restored = sum(saved.values()) if saved else 0
         ready = now + self.config.restart_seconds
@@ -495,7 +598,7 @@ class Simulation:
         record.detected = now
         record.ready = ready
         record.restored_tokens = restored
-        brief = WorkerBrief(worker.name, WorkerPhase.RECOVERING, worker.epoch, None)
+        brief = WorkerBrief(worker.name, plan.phase, plan.epoch, None)
         for live in list(worker.bound):
             session_id = live.session.session_id
             state = SessionState(
@@ -531,7 +634,9 @@ class Simulation:
                 result.checkpoints += 1
                 result.checkpoint_bytes += worker.cache.used * bytes_per_token
         interval = self.settings.checkpoint_interval
-        if interval and (self._active or self._lookahead is not None):
+        # With nothing else scheduled nothing can change: a session still active then is
+        # one the operator left Migrating with its turns held (docs/simulator.md).
+        if interval and (self._active or self._lookahead is not None) and self._heap:
             self._schedule(now + interval, self._periodic_checkpoint)
 
 

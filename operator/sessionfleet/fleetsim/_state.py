@@ -10,6 +10,7 @@ from collections import OrderedDict
 from heapq import heappop
 from zlib import crc32
 
+from sessionfleet.api import InferenceWorkerStatus
 from sessionfleet.fleetsim._cache import PrefixCache
 from sessionfleet.workload import Session
 
@@ -31,6 +32,7 @@ class Worker:
         "name",
         "pinned_tokens",
         "recovering",
+        "status",
         "up",
     )
 
@@ -56,6 +58,8 @@ class Worker:
         self.pinned_tokens = 0
         """The current context of every bound session, summed."""
         self.checkpoint: tuple[float, OrderedDict[int, int]] | None = None
+        self.status = InferenceWorkerStatus()
+        """What the simulated operator last wrote of the worker (its InferenceWorker status)."""
 
     def expire(self, now: float) -> None:
         """Forget turns that finished decoding before ``now``."""
@@ -87,10 +91,12 @@ class Live:
         "hold_until",
         "key",
         "lost",
+        "migrating_since",
         "next_child_turn",
         "next_compaction",
         "parent",
         "parent_tokens",
+        "parked",
         "prompt",
         "ready_at",
         "retries",
@@ -118,6 +124,10 @@ class Live:
         self.busy_until = 0.0
         self.hold_until = 0.0
         self.held_since = 0.0
+        self.migrating_since: float | None = None
+        """While the session is Migrating: when the operator marked it (the handshake)."""
+        self.parked = False
+        """A turn of this Migrating session waits, unscheduled, until the session moves."""
         self.ready_at = session.arrival
         """When the pending turn was sent: time to first token counts from here."""
         self.lost = False

@@ -3,9 +3,10 @@
 Four baselines stand for what routers do without an operator, and ``operator`` is
 sessionfleet itself: placement by :func:`sessionfleet.policy.placement.place`, the
 very function the router and the operator call, then hard affinity, with drains
-and recoveries decided by :mod:`sessionfleet.policy.drain`,
-:mod:`sessionfleet.policy.recovery` and :mod:`sessionfleet.policy.sessions` (see
-``_sim.py``).
+and recoveries decided by the operator's own
+:func:`~sessionfleet.policy.worker.plan_worker`,
+:func:`~sessionfleet.policy.migration.plan_migration` and
+:func:`~sessionfleet.policy.sessions.decide_session` (see ``_sim.py``).
 
 The baselines have no drain hold and no recovery: a drained or failed worker's pod
 goes at once, its cache with it, and its sessions' next turns go elsewhere.
@@ -16,8 +17,9 @@ from __future__ import annotations
 from typing import ClassVar, Protocol
 
 from sessionfleet.fleetsim._config import FleetConfig
+from sessionfleet.fleetsim._observed import worker_loads
 from sessionfleet.fleetsim._state import Live, Worker
-from sessionfleet.policy.placement import PlacementRequest, WorkerLoad, place
+from sessionfleet.policy.placement import PlacementRequest, place
 
 
 class FleetView(Protocol):
@@ -193,48 +195,22 @@ class Operator(Strategy):
             return bound if bound.up else None
         return self.place(fleet, live, now)
 
-    def place(
-        self,
-        fleet: FleetView,
-        live: Live,
-        now: float,
-        exclude: frozenset[str] = frozenset(),
-        tokens: int | None = None,
-    ) -> Worker | None:
-        """Place (or re-place) a session with the operator's placement function."""
+    def place(self, fleet: FleetView, live: Live, now: float) -> Worker | None:
+        """Place a new session with the operator's placement function."""
         config = fleet.config
-        capacity = config.kv_tokens
-        loads = []
-        for worker in fleet.workers:
-            worker.expire(now)
-            loads.append(
-                WorkerLoad(
-                    name=worker.name,
-                    model=config.model,
-                    ready=worker.up and not worker.recovering,
-                    pinned_sessions=len(worker.bound),
-                    max_sessions=config.max_sessions,
-                    kv_tokens_capacity=config.capacity_kv_tokens,
-                    kv_tokens_pinned=worker.pinned_tokens,
-                    kv_usage=worker.inflight_tokens / capacity,
-                )
-            )
         parent = live.parent
         parent_worker = (
             parent.worker.name
             if parent is not None and parent.worker is not None and live.turn == 0
             else None
         )
-        draining = frozenset(w.name for w in fleet.workers if not w.accepting)
         session = live.session
-        if tokens is None:
-            tokens = live.prompt + (session.new_tokens[live.turn] if live.turn < live.turns else 0)
+        tokens = live.prompt + (session.new_tokens[live.turn] if live.turn < live.turns else 0)
         request = PlacementRequest(
-            model=config.model,
-            parent_worker=parent_worker,
-            expected_tokens=tokens,
-            exclude=draining | exclude,
+            model=config.model, parent_worker=parent_worker, expected_tokens=tokens
         )
+        # A draining worker is not ready for placement (worker_loads), as in the operator.
+        loads = worker_loads(fleet.workers, config, now)
         placement = place(request, loads)
         if placement.worker is None:
             return None

@@ -115,10 +115,14 @@ def resolve_policy(
 
 @dataclass(frozen=True, slots=True)
 class PinnedSession:
-    """A session still pinned to the draining worker."""
+    """A session still pinned to the draining worker.
+
+    Whether one of its turns is in flight is not known here (the operator cannot see
+    it): a session moves at a turn boundary through the routers' handshake
+    (:mod:`.migration`), not by being left out of the drain's decision.
+    """
 
     name: str
-    turn_in_flight: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,8 +147,8 @@ def decide_drain(
 ) -> DrainDecision:
     """Decide a drain step from the policy, the time elapsed and the pinned sessions.
 
-    Sessions migrate only at a turn boundary: one with a turn in flight is left for
-    the next step. ``hold`` means keep the PodDisruptionBudget and annotations.
+    Migrating names every pinned session; :func:`.migration.plan_migration` then moves
+    each at a turn boundary. ``hold`` means keep the PodDisruptionBudget and annotations.
     """
     holds = frozenset(policy.holds)
     elapsed = (now - started_at).total_seconds()
@@ -178,18 +182,15 @@ def decide_drain(
         policy.mode is DrainMode.WAIT_THEN_MIGRATE and elapsed >= grace
     )
     if migrating:
-        movable = tuple(s.name for s in pinned if not s.turn_in_flight)
-        waiting = len(pinned) - len(movable)
         return DrainDecision(
             hold=True,
             holds=holds,
-            migrate=movable,
+            migrate=tuple(s.name for s in pinned),
             reason=Reason.GRACE_PERIOD_EXPIRED
             if policy.mode is DrainMode.WAIT_THEN_MIGRATE
             else Reason.MIGRATING,
-            message=f"migrating {len(movable)} session(s)"
-            + (f"; {waiting} wait for their turn to end" if waiting else ""),
-            recheck_after=1.0 if waiting else deadline - elapsed,
+            message=f"migrating {len(pinned)} session(s)",
+            recheck_after=deadline - elapsed,
         )
 
     next_change = grace if policy.mode is DrainMode.WAIT_THEN_MIGRATE else deadline
