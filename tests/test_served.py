@@ -13,7 +13,7 @@ from typing import Any
 
 import kopf
 import pytest
-from kopf._cogs.structs.references import Insights, Resource
+from sessionfleet.controllers.kopfcompat import Insights, Resource
 
 from sessionfleet.controllers import handlers  # noqa: F401 - registers the handlers
 from sessionfleet.controllers.served import (

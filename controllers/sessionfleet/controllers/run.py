@@ -378,7 +378,6 @@ async def run_operator(
     pods' processes.
     """
     import kopf
-    from kopf._cogs.structs.references import Insights
     from prometheus_client import start_http_server
 
     from sessionfleet import __version__
@@ -396,6 +395,7 @@ async def run_operator(
     from sessionfleet.controllers.events import EventRecorder
     from sessionfleet.controllers.fleet import Fleet
     from sessionfleet.controllers.health import serve_health
+    from sessionfleet.controllers.kopfcompat import Insights
     from sessionfleet.controllers.turns import WriteTurns
     from sessionfleet.controllers.work import WorkQueue
     from sessionfleet.kube import SESSIONS, Kube, KubeConfig

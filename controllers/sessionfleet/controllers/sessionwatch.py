@@ -24,14 +24,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kopf._cogs.structs.references import (
-    NamespaceName,
-    match_namespace,
-    select_specific_namespaces,
-)
-
 from sessionfleet.controllers import loop
 from sessionfleet.controllers.fleet import Fleet
+from sessionfleet.controllers.kopfcompat import matches_namespace, select_specific_namespaces
 from sessionfleet.controllers.records import Key, resource_version, session_record
 from sessionfleet.controllers.sessions import reconcile_session
 from sessionfleet.kube import SESSIONS, Kube
@@ -62,7 +57,7 @@ def sources(patterns: Iterable[str]) -> list[Source]:
     names = select_specific_namespaces(patterns)
     if len(names) == len(patterns):
         return [Source(name, lambda _: True) for name in sorted(names)]
-    return [Source(None, lambda ns: any(match_namespace(NamespaceName(ns), p) for p in patterns))]
+    return [Source(None, lambda ns: matches_namespace(ns, patterns))]
 
 
 async def follow(fleet: Fleet, source: Source, kube: Kube | None = None) -> None:
