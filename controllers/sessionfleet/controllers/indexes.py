@@ -59,9 +59,8 @@ class Indexes:
 
     def all_workers(self) -> list[WorkerRecord]:
         """Return every worker record."""
-        if self.workers is None:
-            return []
-        return [record for key in list(self.workers) for record in self.workers[key]]
+        records: list[WorkerRecord] = _every(self.workers)
+        return records
 
     def has_pdb(self, key: Key) -> bool:
         """Whether the worker's hold PodDisruptionBudget exists (as the index shows it)."""
@@ -92,9 +91,8 @@ class Indexes:
 
     def all_nodes(self) -> list[NodeState]:
         """Return every node the index holds."""
-        if self.nodes is None:
-            return []
-        return [state for key in list(self.nodes) for state in self.nodes[key]]
+        states: list[NodeState] = _every(self.nodes)
+        return states
 
     def policies_in(self, namespace: str) -> list[PolicyRecord]:
         """Return the DrainPolicies of a namespace."""
@@ -113,9 +111,8 @@ class Indexes:
 
     def all_policies(self) -> list[PolicyRecord]:
         """Return every DrainPolicy record, of every namespace."""
-        if self.policies is None:
-            return []
-        return [record for key in list(self.policies) for record in self.policies[key]]
+        records: list[PolicyRecord] = _every(self.policies)
+        return records
 
     def checkpoints_of(self, key: Key) -> list[CheckpointState]:
         """Return the worker's WorkerCheckpoints."""
@@ -124,6 +121,12 @@ class Indexes:
     def routers(self) -> list[RouterLease]:
         """Return the router replicas' Leases, live or not."""
         return list(self.router_leases.get("routers", ())) if self.router_leases else []
+
+
+def _every(store: Store | None) -> list[Any]:
+    if store is None:
+        return []
+    return [value for key in list(store) for value in store[key]]
 
 
 def _one(store: Store | None, key: Any) -> Any:
