@@ -52,6 +52,14 @@ def test_is_tested_reads_the_range_as_inclusive_then_exclusive(
     assert kopfcompat.is_tested(found) is tested
 
 
+@pytest.mark.parametrize(
+    ("text", "numbers"),
+    [("1.45.2", (1, 45, 2)), ("1.46.0rc1", (1, 46, 0)), ("2.0", (2, 0)), ("1.45.dev3", (1, 45))],
+)
+def test_release_numbers_stop_at_a_pre_release_tail(text: str, numbers: tuple[int, ...]) -> None:
+    assert kopfcompat.release_numbers(text) == numbers
+
+
 async def test_toggle_sets_keep_what_kopfstart_overrides() -> None:
     toggles = kopfcompat.aiotoggles.ToggleSet(all)
     assert isinstance(toggles._condition, asyncio.Condition), "ToggleSet._condition moved"

@@ -13,6 +13,7 @@ this module expects: an upgrade that moves them fails that test, not the operato
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from importlib.metadata import version
 from typing import Any
@@ -34,12 +35,19 @@ second (exclusive); pyproject.toml bounds the dependency the same way."""
 
 def kopf_version() -> tuple[int, ...]:
     """Return the installed kopf's version as numbers (``1.45.2`` → ``(1, 45, 2)``)."""
+    return release_numbers(version("kopf"))
+
+
+def release_numbers(text: str) -> tuple[int, ...]:
+    """Return the leading numbers of a version (``1.46.0rc1`` → ``(1, 46, 0)``)."""
     numbers = []
-    for part in version("kopf").split("."):
-        digits = "".join(c for c in part if c.isdigit()) if part[:1].isdigit() else ""
-        if not digits:
+    for part in text.split("."):
+        digits = re.match(r"\d+", part)
+        if digits is None:
             break
-        numbers.append(int(digits))
+        numbers.append(int(digits.group()))
+        if digits.end() < len(part):  # a pre-release or local tail ends the release
+            break
     return tuple(numbers)
 
 
@@ -76,5 +84,6 @@ __all__ = [
     "kopf_version",
     "matches_namespace",
     "registered_handlers",
+    "release_numbers",
     "select_specific_namespaces",
 ]
