@@ -57,9 +57,9 @@ def fleet_with(driver: FakeDriver | None, worker: bool = True) -> tuple[Fleet, F
         "spec": {"model": "m", "engine": {"type": "sim"}},
         "status": {"phase": "Ready", "epoch": 1, "pod": "w-1", "endpoint": "http://127.0.0.9:8000"},
     }
-    fleet.workers = {("ns", "w"): [worker_record(body)]} if worker else {}  # type: ignore[assignment]
+    fleet.indexes.workers = {("ns", "w"): [worker_record(body)]} if worker else {}  # type: ignore[assignment]
     if driver is not None:
-        fleet.drivers = {CheckpointDriver.ENGINE: driver}  # type: ignore[dict-item]
+        fleet.checkpointing.drivers = {CheckpointDriver.ENGINE: driver}  # type: ignore[dict-item]
     return fleet, kube
 
 

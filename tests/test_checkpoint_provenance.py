@@ -167,7 +167,7 @@ def new_leader(checkpoints: list[CheckpointState]) -> tuple[Fleet, FakeKube]:
     """A replica that created none of ``checkpoints`` and now leads, with the shared key."""
     kube = FakeKube()
     fleet = Fleet(config=OperatorConfig(), kube=kube, http=None)  # type: ignore[arg-type]
-    fleet.checkpoint_key = KEY
+    fleet.checkpointing.key = KEY
     body = {
         "apiVersion": "sessionfleet.dev/v1alpha1",
         "kind": "InferenceWorker",
@@ -175,17 +175,17 @@ def new_leader(checkpoints: list[CheckpointState]) -> tuple[Fleet, FakeKube]:
         "spec": {"model": "m", "engine": {"type": "sim"}, "checkpoint": {"driver": "engine"}},
         "status": {"phase": "Draining", "epoch": 1, "pod": "w-1", "endpoint": "http://x:8000"},
     }
-    fleet.workers = {("ns", "w"): [worker_record(body)]}  # type: ignore[assignment]
-    fleet.checkpoints = {("ns", "w"): checkpoints}  # type: ignore[assignment]
-    fleet.drivers = {CheckpointDriver.ENGINE: FakeDriver()}  # type: ignore[dict-item]
+    fleet.indexes.workers = {("ns", "w"): [worker_record(body)]}  # type: ignore[assignment]
+    fleet.indexes.checkpoints = {("ns", "w"): checkpoints}  # type: ignore[assignment]
+    fleet.checkpointing.drivers = {CheckpointDriver.ENGINE: FakeDriver()}  # type: ignore[dict-item]
     return fleet, kube
 
 
 async def reconcile(fleet: Fleet) -> None:
-    record = fleet.worker("ns", "w")
+    record = fleet.indexes.worker("ns", "w")
     assert record is not None and record.worker is not None
     await reconcile_checkpoints(fleet, record, record.worker, NOW + timedelta(seconds=5))
-    await asyncio.gather(*fleet.tasks)
+    await asyncio.gather(*fleet.spawner.tasks)
 
 
 def outcome(status: dict[str, Any]) -> tuple[str, str]:

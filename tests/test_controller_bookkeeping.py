@@ -8,7 +8,8 @@ from datetime import UTC, datetime
 
 from sessionfleet.api import SessionPhase
 from sessionfleet.controllers.config import OperatorConfig
-from sessionfleet.controllers.fleet import BindingLedger, Fleet
+from sessionfleet.controllers.fleet import Fleet
+from sessionfleet.controllers.sessionbook import BindingLedger
 from sessionfleet.controllers.sessions import next_step
 from sessionfleet.policy.sessions import Action, SessionState
 
@@ -40,7 +41,7 @@ def test_ledger_counts_unseen_bindings_per_worker() -> None:
 def _fleet(*sessions: SessionState) -> Fleet:
     fleet = Fleet(config=OperatorConfig(), kube=None, http=None)  # type: ignore[arg-type]
     for session in sessions:
-        fleet.sessions.put(session)
+        fleet.sessions.cache.put(session)
     return fleet
 
 
@@ -60,25 +61,25 @@ def test_a_deleted_session_is_not_deleted_again_while_the_index_still_shows_it()
     step = next_step(fleet, finished, NOW)
     assert step is not None and step.action is Action.DELETE
 
-    fleet.deleted_sessions[("ns", "s")] = 5  # what the delete records
+    fleet.sessions.deleted[("ns", "s")] = 5  # what the delete records
     assert next_step(fleet, finished, NOW) is None
-    fleet.forget_deleted()
-    assert ("ns", "s") in fleet.deleted_sessions  # the index still shows it
+    fleet.sessions.forget_deleted()
+    assert ("ns", "s") in fleet.sessions.deleted  # the index still shows it
 
     # A session created anew under the same name is a newer version: it gets its steps.
     anew = SessionState("ns", "s", "id-s", "m", created_at=NOW, resource_version=9)
     step = next_step(fleet, anew, NOW)
     assert step is not None and step.action is Action.PLACE
-    fleet.sessions.put(anew)
-    fleet.forget_deleted()
-    assert not fleet.deleted_sessions
+    fleet.sessions.cache.put(anew)
+    fleet.sessions.forget_deleted()
+    assert not fleet.sessions.deleted
 
 
 def test_the_deleted_record_goes_once_the_watch_reports_the_deletion() -> None:
     fleet = _fleet()
-    fleet.deleted_sessions[("ns", "gone")] = 7
-    fleet.forget_deleted()
-    assert not fleet.deleted_sessions
+    fleet.sessions.deleted[("ns", "gone")] = 7
+    fleet.sessions.forget_deleted()
+    assert not fleet.sessions.deleted
 
 
 def test_next_step_is_none_for_a_bound_session_that_needs_nothing() -> None:
@@ -112,11 +113,11 @@ def test_worker_counters_are_coalesced_but_phase_changes_are_not() -> None:
     record = WorkerRecord("ns", "w", 1, None)
     counters = {"pinnedSessions": 3}
     assert worth_writing(fleet, record, counters)  # never written: write
-    fleet.status_written_at[record.key] = time.monotonic()
+    fleet.worker_writes.status_written_at[record.key] = time.monotonic()
     assert not worth_writing(fleet, record, counters)  # written just now: wait
     assert worth_writing(fleet, record, {"pinnedSessions": 3, "phase": "Draining"})
     assert not worth_writing(fleet, record, {})
-    fleet.status_written_at[record.key] = time.monotonic() - 6
+    fleet.worker_writes.status_written_at[record.key] = time.monotonic() - 6
     assert worth_writing(fleet, record, counters)
 
 
@@ -129,11 +130,11 @@ def test_a_large_fleets_counters_wait_longer_so_their_writes_keep_to_the_budget(
     config = OperatorConfig(status_coalesce_seconds=5.0, counter_writes_per_second=20.0)
     fleet = Fleet(config=config, kube=None, http=None)  # type: ignore[arg-type]
     workers = {("ns", f"w{i}"): [WorkerRecord("ns", f"w{i}", 1, None)] for i in range(500)}
-    fleet.workers = workers  # type: ignore[assignment]  # kopf's index: key -> records
+    fleet.indexes.workers = workers  # type: ignore[assignment]  # kopf's index: key -> records
     record = workers[("ns", "w0")][0]
     assert fleet.counter_interval() == 25.0
-    fleet.status_written_at[record.key] = time.monotonic() - 6
+    fleet.worker_writes.status_written_at[record.key] = time.monotonic() - 6
     assert not worth_writing(fleet, record, {"pinnedSessions": 3})  # 6 s: not yet
     assert worth_writing(fleet, record, {"phase": "Draining"})  # never waits
-    fleet.status_written_at[record.key] = time.monotonic() - 26
+    fleet.worker_writes.status_written_at[record.key] = time.monotonic() - 26
     assert worth_writing(fleet, record, {"pinnedSessions": 3})

@@ -55,13 +55,13 @@ async def test_a_scrape_reads_the_figures_and_marks_the_worker_only_when_they_ch
     endpoint, state = engine
     f = fleet()
     assert await scrape_worker(f, KEY, endpoint)
-    assert f.stats[KEY].kv_usage == 0.25 and KEY in f.placement.touched
-    f.placement.touched.clear()
+    assert f.engines.stats[KEY].kv_usage == 0.25 and KEY in f.sessions.placement.touched
+    f.sessions.placement.touched.clear()
     assert not await scrape_worker(f, KEY, endpoint)  # the same figures
-    assert not f.placement.touched
+    assert not f.sessions.placement.touched
     state.update(text="vllm:kv_cache_usage_perc 0.5\n", gzip=True)
     assert await scrape_worker(f, KEY, endpoint)
-    assert f.stats[KEY].kv_usage == 0.5
+    assert f.engines.stats[KEY].kv_usage == 0.5
 
 
 @pytest.mark.parametrize(
@@ -85,7 +85,7 @@ async def test_a_failed_scrape_keeps_the_last_figures(
     started = asyncio.get_running_loop().time()
     assert not await scrape_worker(f, KEY, target)
     assert asyncio.get_running_loop().time() - started < 3  # the stall is cut at 0.5 s
-    assert f.stats[KEY].kv_usage == 0.25
+    assert f.engines.stats[KEY].kv_usage == 0.25
 
 
 async def test_scraping_many_engines_a_few_at_a_time_reads_every_one(
@@ -95,4 +95,4 @@ async def test_scraping_many_engines_a_few_at_a_time_reads_every_one(
     f = fleet()
     changed = await scrape_all(f, [(("ns", f"w{i}"), endpoint) for i in range(40)])
     assert changed == [True] * 40 and state["requests"] == 40
-    assert len(f.stats) == 40
+    assert len(f.engines.stats) == 40

@@ -207,7 +207,7 @@ def test_a_policy_that_cannot_be_resolved_is_a_warning(reason: Reason, event: st
 
 def test_unreadable_metrics_are_the_scrapes_warning_once() -> None:
     fleet = Fleet(config=OperatorConfig(), kube=None, http=None)  # type: ignore[arg-type]
-    fleet.stats[("ns", "w")] = EngineStats(ignored=("kv_cache_usage_perc",))
+    fleet.engines.stats[("ns", "w")] = EngineStats(ignored=("kv_cache_usage_perc",))
     record = worker_record(body(READY))
     decided = plan(READY)
     (notice,) = metrics_notices(fleet, record, decided)

@@ -1,4 +1,4 @@
-"""Work started with ``Fleet.spawn``: failures counted, and cancelled before the Lease goes."""
+"""Work started with ``Spawner.spawn``: failures counted, and cancelled before the Lease goes."""
 
 from __future__ import annotations
 
@@ -27,11 +27,11 @@ async def test_a_spawned_failure_is_logged_and_counted(caplog: pytest.LogCapture
     async def fail() -> None:
         raise RuntimeError("engine gone")
 
-    fleet.spawn("checkpoint ns/w-1", fail())
-    while fleet.tasks:
+    fleet.spawner.spawn("checkpoint ns/w-1", fail())
+    while fleet.spawner.tasks:
         await asyncio.sleep(0)
     await asyncio.sleep(0)
-    assert fleet.spawn_failures == 1
+    assert fleet.spawner.failures == 1
     assert metrics.SPAWNED_FAILURES._value.get() == before + 1
     assert any(
         r.levelno == logging.ERROR and "checkpoint ns/w-1 failed" in r.getMessage()
@@ -49,14 +49,14 @@ async def test_spawned_work_is_cancelled_and_nothing_starts_after() -> None:
         finally:
             ended.append("checkpoint")
 
-    fleet.spawn("checkpoint ns/w-1", checkpoint())
+    fleet.spawner.spawn("checkpoint ns/w-1", checkpoint())
     await asyncio.sleep(0)
-    await fleet.cancel_spawned()
-    assert ended == ["checkpoint"] and not fleet.tasks
-    fleet.spawn("migration", checkpoint())
+    await fleet.spawner.cancel_all()
+    assert ended == ["checkpoint"] and not fleet.spawner.tasks
+    fleet.spawner.spawn("migration", checkpoint())
     await asyncio.sleep(0)
-    assert ended == ["checkpoint"] and not fleet.tasks
-    assert fleet.spawn_failures == 0  # a cancellation is not a failure
+    assert ended == ["checkpoint"] and not fleet.spawner.tasks
+    assert fleet.spawner.failures == 0  # a cancellation is not a failure
 
 
 class RecordingLeadership(Solo):
@@ -68,7 +68,7 @@ class RecordingLeadership(Solo):
         self.running_at_release: list[str] | None = None
 
     async def release(self) -> None:
-        self.running_at_release = [t.get_name() for t in self.fleet.tasks if not t.done()]
+        self.running_at_release = [t.get_name() for t in self.fleet.spawner.tasks if not t.done()]
 
 
 class Closable:
@@ -81,7 +81,7 @@ async def test_the_operators_cleanup_cancels_spawned_work_before_releasing_the_l
     fleet.kube, fleet.http = Closable(), Closable()  # type: ignore[assignment]
     leadership = RecordingLeadership(fleet)
     fleet.leadership = leadership
-    fleet.spawn("migration from ns/w-1", asyncio.sleep(3600))
+    fleet.spawner.spawn("migration from ns/w-1", asyncio.sleep(3600))
     await asyncio.sleep(0)
     await handlers.stop(memo=kopf.Memo(fleet=fleet, supervisor=Supervisor()))
     assert leadership.running_at_release == []

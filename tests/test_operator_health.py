@@ -82,7 +82,7 @@ async def test_a_standby_is_not_ready_before_its_indexes_are_or_out_of_touch() -
 
 def test_a_leader_whose_loop_stalls_fails_liveness_only_past_the_stall_bound() -> None:
     fleet = fleet_with(Role(leading=True, in_touch=False), resync=2.0)
-    fleet.loop_pass_at = 1000.0
+    fleet.loop_marks.pass_at = 1000.0
     bound = stall_after(2.0)
     assert bound >= 120.0  # an API server restart or an etcd pause is no reason
     healthy = assess(fleet, Supervisor(), 1000.0 + bound - 1)

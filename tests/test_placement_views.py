@@ -7,7 +7,8 @@ from typing import Any
 
 from sessionfleet.api import SessionPhase
 from sessionfleet.controllers.config import OperatorConfig
-from sessionfleet.controllers.fleet import EngineStats, Fleet
+from sessionfleet.controllers.engines import EngineStats
+from sessionfleet.controllers.fleet import Fleet
 from sessionfleet.controllers.records import WorkerRecord, worker_record
 from sessionfleet.policy.placement import RANK
 from sessionfleet.policy.sessions import SessionState
@@ -34,19 +35,20 @@ def worker(namespace: str, name: str, **change: Any) -> WorkerRecord:
 
 def fleet_with(*records: WorkerRecord) -> Fleet:
     fleet = Fleet(config=OperatorConfig(), kube=None, http=None)  # type: ignore[arg-type]
-    fleet.workers = {}  # type: ignore[assignment]
+    fleet.indexes.workers = {}  # type: ignore[assignment]
     for record in records:
         put_worker(fleet, record)
     return fleet
 
 
 def put_worker(fleet: Fleet, record: WorkerRecord) -> None:
-    fleet.workers[record.key] = [record]  # type: ignore[index]
-    fleet.placement.worker_seen(record.key, record)  # what the worker's event does
+    fleet.indexes.workers[record.key] = [record]  # type: ignore[index]
+    fleet.sessions.placement.worker_seen(record.key, record)  # what the worker's event does
 
 
 def built_anew(fleet: Fleet, namespace: str) -> list[Any]:
-    loads = [fleet._load(r, namespace) for r in fleet.all_workers()]
+    stats = fleet.engines.stats
+    loads = [fleet.sessions._load(r, namespace, stats) for r in fleet.indexes.all_workers()]
     return sorted((load for load in loads if load is not None), key=lambda w: w.name)
 
 
@@ -54,7 +56,7 @@ def test_only_the_workers_that_changed_are_looked_at_again() -> None:
     fleet = fleet_with(worker("a", "w1"), worker("a", "w2"))
     first = fleet.loads("a")
     w1, w2 = sorted(first, key=lambda w: w.name)
-    fleet.ledger.add(("a", "s"), "w1", 0)
+    fleet.sessions.ledger.add(("a", "s"), "w1", 0)
     second = fleet.loads("a")
     assert second is first  # the same view, updated in place
     assert {w.name: w.pinned_sessions for w in second} == {"w1": 1, "w2": 0}
@@ -79,7 +81,7 @@ def test_the_kept_view_equals_one_built_anew_through_any_changes() -> None:
         key = (namespace, f"s{rng.randrange(40)}")
         action = rng.randrange(7)
         if action == 0:  # a binding written
-            fleet.ledger.add(key, name, rng.randrange(1000))
+            fleet.sessions.ledger.add(key, name, rng.randrange(1000))
         elif action == 1:  # the watch shows it, or the session moves or ends
             state = SessionState(
                 namespace,
@@ -92,23 +94,23 @@ def test_the_kept_view_equals_one_built_anew_through_any_changes() -> None:
                 turns=1,
             )
             sessions[key] = state
-            fleet.ledger.observe(key, name)
-            fleet.worker_loads.update(state)
+            fleet.sessions.ledger.observe(key, name)
+            fleet.sessions.worker_loads.update(state)
         elif action == 2:
-            fleet.ledger.settle(key)
-            fleet.worker_loads.remove(key)
+            fleet.sessions.ledger.settle(key)
+            fleet.sessions.worker_loads.remove(key)
         elif action == 3:  # an engine scrape
-            fleet.stats[(namespace, name)] = EngineStats(kv_usage=rng.random())
-            fleet.placement.touched.add((namespace, name))
+            fleet.engines.stats[(namespace, name)] = EngineStats(kv_usage=rng.random())
+            fleet.sessions.placement.touched.add((namespace, name))
         elif action == 4:  # the worker changes, or goes and comes back
             change = rng.choice([{"drain": True}, {"phase": "Recovering"}, {"max_sessions": 5}, {}])
             if rng.random() < 0.1:
-                fleet.workers.pop((namespace, name), None)  # type: ignore[union-attr]
-                fleet.placement.worker_seen((namespace, name), None)
+                fleet.indexes.workers.pop((namespace, name), None)  # type: ignore[union-attr]
+                fleet.sessions.placement.worker_seen((namespace, name), None)
             else:
                 put_worker(fleet, worker(namespace, name, **change))
         elif action == 5 and step % 50 == 0:  # the full pass
-            fleet.placement.drop()
+            fleet.sessions.placement.drop()
         view = fleet.loads(namespace)
         assert view == sorted(view, key=RANK), f"step {step}: not in rank order"
         kept = sorted(view, key=lambda w: w.name)

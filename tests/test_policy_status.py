@@ -211,8 +211,8 @@ def fleet_of(
     kube: FakeKube, policies: list[dict[str, Any]], workers: list[dict[str, Any]]
 ) -> Fleet:
     fleet = Fleet(config=OperatorConfig(), kube=kube, http=None)  # type: ignore[arg-type]
-    fleet.policies = {"ns": [policy_record(p) for p in policies]}  # type: ignore[assignment]
-    fleet.workers = {  # type: ignore[assignment]
+    fleet.indexes.policies = {"ns": [policy_record(p) for p in policies]}  # type: ignore[assignment]
+    fleet.indexes.workers = {  # type: ignore[assignment]
         ("ns", w["metadata"]["name"]): [worker_record(w)] for w in workers
     }
     return fleet
@@ -239,7 +239,7 @@ async def test_reconcile_writes_each_policy_once_and_only_what_changed() -> None
     assert kube.patches == []
 
     # The watch brings the written status back: nothing differs, nothing is written.
-    fleet.policies = {  # type: ignore[assignment]
+    fleet.indexes.policies = {  # type: ignore[assignment]
         "ns": [
             replace(
                 policy_record(body),
@@ -253,7 +253,7 @@ async def test_reconcile_writes_each_policy_once_and_only_what_changed() -> None
     assert kube.patches == []
 
     # A new worker joins pool a: only policy a's count and list change.
-    fleet.workers[("ns", "wa2")] = [worker_record(worker_body("wa2", {"pool": "a"}))]  # type: ignore[index]
+    fleet.indexes.workers[("ns", "wa2")] = [worker_record(worker_body("wa2", {"pool": "a"}))]  # type: ignore[index]
     await reconcile_policies(fleet, NOW)
     assert kube.patches == [("a", {"matchedWorkers": 2, "workers": ["wa", "wa2"]})]
     assert kube.preconditions[-1] == 200
@@ -297,7 +297,7 @@ def test_a_worker_referencing_an_invalid_policy_reads_why_from_its_record() -> N
         [],
     )
     # What a worker's observation passes: the parsed specs, and the others' problems.
-    parsed, invalid = fleet.policy_specs("ns")
+    parsed, invalid = fleet.indexes.policy_specs("ns")
     assert set(parsed) == {"fine"} and set(invalid) == {"broken"}
     choice = resolve_policy({}, "broken", parsed, invalid)
     assert choice.reason is Reason.POLICY_INVALID

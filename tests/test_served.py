@@ -13,9 +13,9 @@ from typing import Any
 
 import kopf
 import pytest
-from kopf._cogs.structs.references import Insights, Resource
 
 from sessionfleet.controllers import handlers  # noqa: F401 - registers the handlers
+from sessionfleet.controllers.kopfcompat import Insights, Resource
 from sessionfleet.controllers.served import (
     KindsNotWatched,
     RetryForever,

@@ -125,18 +125,18 @@ async def test_a_watch_lists_counts_marks_and_relists_after_it_expired() -> None
         ],
     )
     fleet = Fleet(config=OperatorConfig(), kube=kube, http=None)  # type: ignore[arg-type]
-    fleet.kopf_indexed = True
+    fleet.indexes.kopf_indexed = True
     task = asyncio.create_task(follow(fleet, sources(["ns"])[0]))
     try:
-        await until(lambda: fleet.session("ns", "new") is not None)
+        await until(lambda: fleet.sessions.session("ns", "new") is not None)
     finally:
         task.cancel()
     assert fleet.indexed.is_set()
-    assert {s.name for s in fleet.all_sessions()} == {"a", "new"}
-    assert [s.name for s in fleet.sessions_of(("ns", "w2"))] == ["a"]
-    assert fleet.sessions_of(("ns", "w1")) == []
+    assert {s.name for s in fleet.sessions.all_sessions()} == {"a", "new"}
+    assert [s.name for s in fleet.sessions.sessions_of(("ns", "w2"))] == ["a"]
+    assert fleet.sessions.sessions_of(("ns", "w1")) == []
     # Placement's counts moved with every event, the deletions included.
-    assert dict(fleet.worker_loads.pinned) == {("ns", "w2"): 1}
+    assert dict(fleet.sessions.worker_loads.pinned) == {("ns", "w2"): 1}
     assert fleet.work.sessions >= {("ns", "a"), ("ns", "new")}
     assert ("ns", "b") not in fleet.work.sessions  # forgotten with its deletion
 
@@ -150,11 +150,11 @@ async def test_a_watch_of_the_cluster_keeps_only_the_namespaces_served() -> None
     (source,) = sources(["team-*"])
     task = asyncio.create_task(follow(fleet, source))
     try:
-        await until(lambda: None in fleet.sessions.listed)
+        await until(lambda: None in fleet.sessions.cache.listed)
         await asyncio.sleep(0.05)
     finally:
         task.cancel()
-    assert [s.key for s in fleet.all_sessions()] == [("team-a", "a")]
+    assert [s.key for s in fleet.sessions.all_sessions()] == [("team-a", "a")]
     assert not fleet.indexed.is_set()  # kopf has not filled its indexes yet
 
 
@@ -181,20 +181,20 @@ async def test_a_relist_neither_parses_nor_marks_a_session_at_a_version_already_
         ]
     )
     fleet = Fleet(config=OperatorConfig(), kube=kube, http=None)  # type: ignore[arg-type]
-    fleet.kopf_indexed = True
+    fleet.indexes.kopf_indexed = True
     task = asyncio.create_task(follow(fleet, sources(["ns"])[0]))
     try:
-        await until(lambda: len(fleet.sessions) == 2)
-        kept = {s.name: s for s in fleet.all_sessions()}
+        await until(lambda: len(fleet.sessions.cache) == 2)
+        kept = {s.name: s for s in fleet.sessions.all_sessions()}
         fleet.work.take(wall=0.0, mono=0.0)  # the first, full pass takes every mark
         kube.expire.set()
-        await until(lambda: fleet.session("ns", "new") is not None)
+        await until(lambda: fleet.sessions.session("ns", "new") is not None)
     finally:
         task.cancel()
     # The unchanged session is the very record kept before the relist: not parsed again.
-    assert fleet.session("ns", "same") is kept["same"]
-    moved = fleet.session("ns", "moved")
+    assert fleet.sessions.session("ns", "same") is kept["same"]
+    moved = fleet.sessions.session("ns", "moved")
     assert moved is not None and moved is not kept["moved"] and moved.worker == "w2"
     # Only what changed is marked for the next pass; the counts still add up.
     assert fleet.work.sessions == {("ns", "moved"), ("ns", "new")}
-    assert dict(fleet.worker_loads.pinned) == {("ns", "w1"): 1, ("ns", "w2"): 1}
+    assert dict(fleet.sessions.worker_loads.pinned) == {("ns", "w1"): 1, ("ns", "w2"): 1}

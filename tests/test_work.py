@@ -14,7 +14,8 @@ import pytest
 
 from sessionfleet.api import InferenceWorkerSpec, InferenceWorkerStatus, SessionPhase, WorkerPhase
 from sessionfleet.controllers.config import OperatorConfig
-from sessionfleet.controllers.fleet import EngineStats, Fleet
+from sessionfleet.controllers.engines import EngineStats
+from sessionfleet.controllers.fleet import Fleet
 from sessionfleet.controllers.loads import WorkerLoads
 from sessionfleet.controllers.loop import due_sessions, reconcile_once, repair
 from sessionfleet.controllers.records import WorkerRecord, worker_record
@@ -248,12 +249,12 @@ def test_placement_sees_counted_sessions_unseen_binds_and_engine_figures() -> No
         _worker("w3", namespace="other"),
         _worker("bad", engine={"type": "nope"}),  # invalid: not a placement candidate
     ]
-    fleet.workers = {w.key: [w] for w in workers}
+    fleet.indexes.workers = {w.key: [w] for w in workers}
     assert workers[-1].worker is None
-    fleet.worker_loads.update(_session("a", "w1", 300))
-    fleet.worker_loads.update(_session("b", "w1", 100))
-    fleet.ledger.add(("ns", "c"), "w1", 50)  # written, not yet seen
-    fleet.stats[("ns", "w1")] = EngineStats(kv_usage=0.25)
+    fleet.sessions.worker_loads.update(_session("a", "w1", 300))
+    fleet.sessions.worker_loads.update(_session("b", "w1", 100))
+    fleet.sessions.ledger.add(("ns", "c"), "w1", 50)  # written, not yet seen
+    fleet.engines.stats[("ns", "w1")] = EngineStats(kv_usage=0.25)
     loads = {load.name: load for load in fleet.loads("ns")}
     assert set(loads) == {"w1", "w2"}
     w1, w2 = loads["w1"], loads["w2"]
@@ -306,11 +307,11 @@ def _full_fleet(sessions: int) -> Fleet:
     """A fleet of one Ready worker and ``sessions`` Bound to it, as the watches left it."""
     fleet = Fleet(config=OperatorConfig(), kube=None, http=None)  # type: ignore[arg-type]
     record = _worker("w1", capacity={"maxSessions": sessions})
-    fleet.workers = {record.key: [record]}  # type: ignore[assignment]
+    fleet.indexes.workers = {record.key: [record]}  # type: ignore[assignment]
     for i in range(sessions):
         state = replace(_session(f"s{i}", "w1"), epoch=1, bound_at=NOW)
-        fleet.sessions.put(state)
-        fleet.worker_loads.update(state)
+        fleet.sessions.cache.put(state)
+        fleet.sessions.worker_loads.update(state)
     return fleet
 
 
@@ -338,7 +339,7 @@ async def _ticks_during(work: Callable[[], Awaitable[object]]) -> tuple[int, obj
 
 async def test_a_full_passs_repair_lets_events_in_and_puts_every_count_right() -> None:
     fleet = _full_fleet(5000)
-    loads = fleet.worker_loads
+    loads = fleet.sessions.worker_loads
     loads.remove(("ns", "s1"))  # its bind's event was missed
     loads.update(_session("gone", "w1"))  # its deletion's event was missed
     fleet.work.session_deadlines.schedule(("ns", "gone"), 1.0)
@@ -351,15 +352,17 @@ async def test_a_full_passs_repair_lets_events_in_and_puts_every_count_right() -
 async def test_deciding_every_session_lets_events_in() -> None:
     fleet = _full_fleet(5000)
     stale = replace(_session("stale", "w1"), phase=SessionPhase.BOUND)  # no epoch yet
-    fleet.sessions.put(stale)
-    ticks, due = await _ticks_during(lambda: due_sessions(fleet, fleet.all_sessions(), NOW))
+    fleet.sessions.cache.put(stale)
+    ticks, due = await _ticks_during(
+        lambda: due_sessions(fleet, fleet.sessions.all_sessions(), NOW)
+    )
     assert ticks >= 5
     assert due == [stale]  # only the session with a step to take
 
 
 def test_the_gauges_counts_follow_every_session_event() -> None:
     fleet = _full_fleet(3)
-    cache = fleet.sessions
+    cache = fleet.sessions.cache
     cache.put(_session("new", None))
     cache.put(replace(_session("s0", "w1"), recomputed_tokens=500))
     cache.put(replace(_session("s1", "w1"), phase=SessionPhase.FINISHED, recomputed_tokens=70))
@@ -395,39 +398,39 @@ async def test_a_pass_starts_its_session_steps_and_does_not_wait_for_their_write
     fleet = _full_fleet(0)
     kube = HeldWrites()
     fleet.kube = kube  # type: ignore[assignment]
-    fleet.writes = WriteTurns(1)
+    fleet.sessions.writes = WriteTurns(1)
     recovering = _worker("w2", phase="Recovering")
-    fleet.workers[recovering.key] = [recovering]  # type: ignore[index]
+    fleet.indexes.workers[recovering.key] = [recovering]  # type: ignore[index]
     new = [_session(f"new{i}", None) for i in range(3)]
     finishing = replace(_session("done", "w1"), epoch=1, finished=True)
     held = replace(_session("held", "w2"), epoch=1)  # its worker recovers: Restoring
     for state in (*new, finishing, held):
-        fleet.sessions.put(state)
+        fleet.sessions.cache.put(state)
     keys = frozenset(s.key for s in (*new, finishing, held))
 
     await asyncio.wait_for(reconcile_once(fleet, NOW, Batch(full=False, sessions=keys)), 1.0)
     await asyncio.sleep(0.01)
     assert len(kube.sent) == 1  # one turn: the rest wait for it, by urgency
-    assert fleet.busy_sessions == set(keys)  # so the next pass starts none of them again
+    assert fleet.sessions.busy == set(keys)  # so the next pass starts none of them again
     await asyncio.wait_for(reconcile_once(fleet, NOW, Batch(full=False, sessions=keys)), 1.0)
-    assert len(fleet.tasks) == len(keys)
+    assert len(fleet.spawner.tasks) == len(keys)
 
     kube.release.set()
-    while fleet.tasks:
-        await asyncio.gather(*list(fleet.tasks))
+    while fleet.spawner.tasks:
+        await asyncio.gather(*list(fleet.spawner.tasks))
     first, *rest = [name for _, name in kube.sent]
     # After the first write (whichever took the free turn): the restore, the binds, the finish.
     assert rest == [n for n in ("held", "new0", "new1", "new2", "done") if n != first]
-    assert not fleet.busy_sessions
+    assert not fleet.sessions.busy
 
 
 async def test_a_drain_marks_its_sessions_together_not_one_round_trip_after_another() -> None:
     fleet = _full_fleet(5)  # five sessions bound to w1, which drains
     target = _worker("w2", capacity={"maxSessions": 10})
-    fleet.workers[target.key] = [target]  # type: ignore[index]
+    fleet.indexes.workers[target.key] = [target]  # type: ignore[index]
     kube = HeldWrites()
     fleet.kube = kube  # type: ignore[assignment]
-    source = fleet.worker("ns", "w1")
+    source = fleet.indexes.worker("ns", "w1")
     assert source is not None and source.worker is not None
     names = tuple(f"s{i}" for i in range(5))
     marking = asyncio.create_task(migrate_sessions(fleet, source, source.worker, names, False, NOW))
@@ -451,7 +454,7 @@ async def test_a_session_is_deleted_only_as_the_copy_the_decision_was_made_from(
         uid="u-1",
         resource_version=42,
     )
-    fleet.sessions.put(expired)
+    fleet.sessions.cache.put(expired)
     await reconcile_session(fleet, expired, NOW)
     assert kube.sent == [("delete", "old")]
     # A deposed replica's late delete misses a session used or recreated since.
@@ -462,17 +465,17 @@ async def test_a_step_is_decided_again_when_its_turn_comes() -> None:
     fleet = _full_fleet(1)
     kube = HeldWrites()
     fleet.kube = kube  # type: ignore[assignment]
-    fleet.writes = WriteTurns(1)
+    fleet.sessions.writes = WriteTurns(1)
     gone, finished = _session("gone", None), _session("finished", None)
     for state in (gone, finished):
-        fleet.sessions.put(state)
+        fleet.sessions.cache.put(state)
     busy = asyncio.create_task(reconcile_session(fleet, _session("first", None), NOW))
-    fleet.sessions.put(_session("first", None))
+    fleet.sessions.cache.put(_session("first", None))
     binds = [asyncio.create_task(reconcile_session(fleet, s, NOW)) for s in (gone, finished)]
     await asyncio.sleep(0.01)
     assert [name for _, name in kube.sent] == ["first"]  # the others wait for its turn
-    fleet.sessions.drop(gone.key)  # deleted while its bind waited
-    fleet.sessions.put(replace(finished, finished=True))  # finished while it waited
+    fleet.sessions.cache.drop(gone.key)  # deleted while its bind waited
+    fleet.sessions.cache.put(replace(finished, finished=True))  # finished while it waited
     kube.release.set()
     await asyncio.gather(busy, *binds)
     # No bind for the deleted session; the finished one is written Finished, not bound.
@@ -484,19 +487,19 @@ async def test_a_drain_promotes_the_waiting_finish_of_a_session_on_its_worker() 
     fleet = _full_fleet(1)  # s0 bound to w1
     kube = HeldWrites()
     fleet.kube = kube  # type: ignore[assignment]
-    fleet.writes = WriteTurns(1)
+    fleet.sessions.writes = WriteTurns(1)
     first = asyncio.create_task(reconcile_session(fleet, _session("first", None), NOW))
-    fleet.sessions.put(_session("first", None))
+    fleet.sessions.cache.put(_session("first", None))
     await asyncio.sleep(0.01)
     new = [_session(f"new{i}", None) for i in range(3)]
     for state in new:
-        fleet.sessions.put(state)
+        fleet.sessions.cache.put(state)
     binds = [asyncio.create_task(reconcile_session(fleet, s, NOW)) for s in new]
-    finishing = replace(fleet.session("ns", "s0"), finished=True)  # type: ignore[arg-type]
-    fleet.sessions.put(finishing)
+    finishing = replace(fleet.sessions.session("ns", "s0"), finished=True)  # type: ignore[arg-type]
+    fleet.sessions.cache.put(finishing)
     finish = asyncio.create_task(reconcile_session(fleet, finishing, NOW))
     await asyncio.sleep(0.01)
-    source = fleet.worker("ns", "w1")
+    source = fleet.indexes.worker("ns", "w1")
     assert source is not None and source.worker is not None
     await migrate_sessions(fleet, source, source.worker, ("s0",), False, NOW)
     kube.release.set()

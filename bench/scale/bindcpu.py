@@ -119,8 +119,8 @@ async def run(binds: int, workers: int, live: int, pass_every: int) -> dict[str,
         connect=server.connect,
     )
     fleet.kube = kube
-    fleet.kopf_indexed = True
-    fleet.sessions.listed.add(NAMESPACE)
+    fleet.indexes.kopf_indexed = True
+    fleet.sessions.cache.listed.add(NAMESPACE)
     fleet.update_indexed()
     fleet.work.take(time.time(), time.monotonic())  # the first full pass: not measured
 
@@ -133,8 +133,8 @@ async def run(binds: int, workers: int, live: int, pass_every: int) -> dict[str,
         line = json.dumps({"type": "ADDED", "object": body})
         event = json.loads(line)  # what the watch's line costs to read
         session_changed(fleet, session_record(event["object"]), bind_new=True)
-        while fleet.tasks:
-            await asyncio.gather(*list(fleet.tasks))
+        while fleet.spawner.tasks:
+            await asyncio.gather(*list(fleet.spawner.tasks))
         answered = server.objects[body["metadata"]["name"]]
         event = json.loads(json.dumps({"type": "MODIFIED", "object": answered}))
         state = session_record(event["object"])

@@ -174,7 +174,7 @@ async def _operator_lists(count: int) -> tuple[Fleet, int]:
     pager: Any = Pager(count)
     fleet = Fleet(config=OperatorConfig(), kube=pager, http=None)
     task = asyncio.create_task(follow(fleet, sources([NAMESPACE])[0]))
-    while not fleet.sessions.listed:
+    while not fleet.sessions.cache.listed:
         await asyncio.sleep(0.01)
     peak = tracemalloc.get_traced_memory()[1] if tracemalloc.is_tracing() else 0
     task.cancel()
@@ -228,7 +228,7 @@ def operator_relist_again_cpu(count: int) -> float:
         await until(lambda: pager.watches == 2)
         spent = time.process_time() - started - (pager.making - making)
         task.cancel()
-        assert len(fleet.sessions) == count
+        assert len(fleet.sessions.cache) == count
         return spent
 
     return asyncio.run(relist())
@@ -275,7 +275,7 @@ def measure(count: int) -> dict[str, Any]:
     peak_objects = relist_peak(count, views=False)
     peak_views = relist_peak(count, views=True)
     fleet, operator_bytes, operator_peak = operator_relist(count)
-    assert len(fleet.sessions) == count
+    assert len(fleet.sessions.cache) == count
     del fleet
     relist_cpu = operator_relist_cpu(count)
     relist_again_cpu = operator_relist_again_cpu(count)

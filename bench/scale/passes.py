@@ -83,27 +83,27 @@ def fleet_of(sessions: int, workers: int) -> Fleet:
     """A Fleet that holds the workers and sessions, loads counted from events."""
     fleet = Fleet(config=OperatorConfig(), kube=None, http=None)  # type: ignore[arg-type]
     records = [worker_record(worker_body(i, 2 * sessions // workers + 1)) for i in range(workers)]
-    fleet.workers = {r.key: [r] for r in records}  # type: ignore[assignment]
+    fleet.indexes.workers = {r.key: [r] for r in records}  # type: ignore[assignment]
     for index in range(sessions):
         state = session_record(agent_session(index))
-        fleet.sessions.put(state)
-        fleet.worker_loads.update(state)
+        fleet.sessions.cache.put(state)
+        fleet.sessions.worker_loads.update(state)
     return fleet
 
 
 def loads_counted_from_the_index(fleet: Fleet, namespace: str) -> list[WorkerLoad]:
     """Placement's view as it was built before: each worker's sessions counted anew."""
     loads = []
-    for record in fleet.all_workers():
+    for record in fleet.indexes.all_workers():
         if record.namespace != namespace or record.worker is None:
             continue
-        pinned = [s for s in fleet.sessions_of(record.key) if s.pinned]
+        pinned = [s for s in fleet.sessions.sessions_of(record.key) if s.pinned]
         loads.append(
             WorkerLoad(
                 name=record.name,
                 model=record.worker.spec.model,
                 ready=True,
-                pinned_sessions=len(pinned) + fleet.ledger.unseen[record.key],
+                pinned_sessions=len(pinned) + fleet.sessions.ledger.unseen[record.key],
                 max_sessions=record.worker.spec.capacity.max_sessions,
                 kv_tokens_capacity=record.worker.spec.capacity.kv_tokens,
                 kv_tokens_pinned=sum(s.context_tokens for s in pinned),
@@ -156,7 +156,7 @@ def full_pass_holds(fleet: Fleet) -> dict[str, float]:
         await asyncio.sleep(0)
         started = time.process_time()
         await repair(fleet)
-        due = await due_sessions(fleet, fleet.all_sessions(), NOW)
+        due = await due_sessions(fleet, fleet.sessions.all_sessions(), NOW)
         spent = time.process_time() - started
         done = True
         await task
@@ -183,7 +183,7 @@ def measure(sessions: int, workers: int, marked: int) -> dict[str, Any]:
     now_loads = place(request, fleet.loads(NAMESPACE))
     then_loads = place(request, loads_counted_from_the_index(fleet, NAMESPACE))
     assert now_loads.worker == then_loads.worker, "both views must place alike"
-    every = fleet.all_sessions()
+    every = fleet.sessions.all_sessions()
     few = every[:marked]
     sample = every[0]
     binds = itertools.count()
@@ -191,10 +191,10 @@ def measure(sessions: int, workers: int, marked: int) -> dict[str, Any]:
     def bind_one(view_anew: bool = False) -> None:
         # As a bind does: place, then count the binding in flight (one worker touched).
         if view_anew:
-            fleet.placement.drop()
+            fleet.sessions.placement.drop()
         placed = place(request, fleet.loads(NAMESPACE), ranked=True)
         assert placed.worker is not None
-        fleet.ledger.add((NAMESPACE, f"new-{next(binds)}"), placed.worker, 0)
+        fleet.sessions.ledger.add((NAMESPACE, f"new-{next(binds)}"), placed.worker, 0)
 
     page = vllm_metrics_page()
     return {
@@ -216,7 +216,7 @@ def measure(sessions: int, workers: int, marked: int) -> dict[str, Any]:
             timed(
                 lambda: [
                     (
-                        fleet.worker_loads.update(sample),
+                        fleet.sessions.worker_loads.update(sample),
                         fleet.work.session(sample.key),
                         fleet.work.session_deadlines.schedule(
                             sample.key,

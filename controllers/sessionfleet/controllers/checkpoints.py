@@ -127,7 +127,7 @@ async def save(
     fleet: Fleet, checkpoint: CheckpointState, now: datetime
 ) -> CheckpointOutcome | None:
     """Run one checkpoint through its driver and record the outcome in its status."""
-    record = fleet.worker(checkpoint.namespace, checkpoint.worker)
+    record = fleet.indexes.worker(checkpoint.namespace, checkpoint.worker)
     if record is None or record.worker is None:
         await _patch(
             fleet,
@@ -145,7 +145,7 @@ async def save(
         await refuse(fleet, checkpoint, Reason.DESTINATION_OUTSIDE_STORAGE, problem, now)
         return None
     kind = worker_driver(worker, checkpoint)
-    driver = fleet.drivers.get(kind)
+    driver = fleet.checkpointing.drivers.get(kind)
     location = checkpoint_location(
         worker.spec.checkpoint.storage.path,
         checkpoint.namespace,
@@ -155,7 +155,7 @@ async def save(
     )
     # A KV store keys a session by its AgentSession's name, which the id alone does not
     # give when clients authenticate (the name's hash covers the client too).
-    names = {s.session_id: s.name for s in fleet.sessions_of(record.key)}
+    names = {s.session_id: s.name for s in fleet.sessions.sessions_of(record.key)}
     target = target_for(
         record,
         worker,
@@ -238,15 +238,15 @@ async def create(
         worker, name, record.namespace, record.name, reason, sessions, provenance
     )
     key = (record.namespace, name)
-    fleet.created_checkpoints.add(key)
+    fleet.checkpointing.created.add(key)
     try:
         await fleet.kube.create(CHECKPOINTS, body, record.namespace)
     except Conflict:
         # Created this second already — or someone else's object has the name.
-        fleet.created_checkpoints.discard(key)
+        fleet.checkpointing.created.discard(key)
         return None
     except BaseException:
-        fleet.created_checkpoints.discard(key)
+        fleet.checkpointing.created.discard(key)
         raise
     metrics.API_WRITES.labels("create", "workercheckpoints").inc()
     return CheckpointState(
@@ -270,7 +270,7 @@ async def refuse(
 def start(fleet: Fleet, checkpoint: CheckpointState, now: datetime) -> None:
     """Run a checkpoint in the background (once): the fleet loop never waits for a driver."""
     key = (checkpoint.namespace, checkpoint.name)
-    if key in fleet.running_checkpoints:
+    if key in fleet.checkpointing.running:
         return
 
     async def run() -> None:
@@ -279,15 +279,15 @@ def start(fleet: Fleet, checkpoint: CheckpointState, now: datetime) -> None:
         except KubeError as error:
             log.warning("checkpoint %s: %s", key, error)
         finally:
-            fleet.running_checkpoints.discard(key)
+            fleet.checkpointing.running.discard(key)
 
-    fleet.running_checkpoints.add(key)
-    fleet.spawn(f"checkpoint {key}", run())
+    fleet.checkpointing.running.add(key)
+    fleet.spawner.spawn(f"checkpoint {key}", run())
 
 
 async def _take_up(fleet: Fleet, checkpoint: CheckpointState, now: datetime) -> None:
     """Start, refuse or close a checkpoint that nobody has started yet."""
-    if checkpoint.key in fleet.created_checkpoints:
+    if checkpoint.key in fleet.checkpointing.created:
         # This process created it; its Drain ones are started by the move that made them.
         if checkpoint.reason is not CheckpointReason.DRAIN:
             start(fleet, checkpoint, now)
@@ -323,12 +323,12 @@ async def reconcile_checkpoints(
     fleet: Fleet, record: WorkerRecord, worker: InferenceWorker, now: datetime
 ) -> None:
     """Run the worker's pending checkpoints, take a periodic one if due, apply retention."""
-    checkpoints = fleet.checkpoints_of(record.key)
+    checkpoints = fleet.indexes.checkpoints_of(record.key)
     timeout = fleet.config.checkpoint_timeout
     for checkpoint in checkpoints:
         if checkpoint.phase is None:
             await _take_up(fleet, checkpoint, now)
-        elif abandoned(checkpoint, checkpoint.key in fleet.running_checkpoints, now, timeout):
+        elif abandoned(checkpoint, checkpoint.key in fleet.checkpointing.running, now, timeout):
             await _patch(
                 fleet,
                 checkpoint,
@@ -347,7 +347,7 @@ async def reconcile_checkpoints(
         c.phase in (None, CheckpointPhase.PENDING, CheckpointPhase.RUNNING) for c in whole
     )
     activity = max(
-        (s.last_activity for s in fleet.sessions_of(record.key) if s.last_activity),
+        (s.last_activity for s in fleet.sessions.sessions_of(record.key) if s.last_activity),
         default=None,
     )
     if periodic_due(

@@ -64,19 +64,19 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
     # Kopf keeps an object's worker for idle_timeout (5 s) after its last event, so a
     # limit below the number of objects changing at once caps throughput at about
     # limit / 5 s objects per second and queues the rest (docs/design.md: the limit goes above
-    # the indexed count). Session writes are bounded by Fleet.writes instead.
+    # the indexed count). Session writes are bounded by SessionBook.writes instead.
     settings.queueing.worker_limit = None
     # Endless, as client-go's reflectors: kopf gives a request's last error to its
     # caller, and for a watch that ends the watcher for good (controllers/served.py).
     settings.networking.error_backoffs = RetryForever((1, 2, 5, 10), then=30)
-    fleet.workers = kwargs["worker_index"]
-    fleet.worker_pods = kwargs["pod_index"]
-    fleet.pdbs = kwargs["pdb_index"]
-    fleet.engine_policies = kwargs["engine_policy_index"]
-    fleet.nodes = kwargs["node_index"]
-    fleet.policies = kwargs["policy_index"]
-    fleet.checkpoints = kwargs["checkpoint_index"]
-    fleet.router_leases = kwargs["router_lease_index"]
+    fleet.indexes.workers = kwargs["worker_index"]
+    fleet.indexes.worker_pods = kwargs["pod_index"]
+    fleet.indexes.pdbs = kwargs["pdb_index"]
+    fleet.indexes.engine_policies = kwargs["engine_policy_index"]
+    fleet.indexes.nodes = kwargs["node_index"]
+    fleet.indexes.policies = kwargs["policy_index"]
+    fleet.indexes.checkpoints = kwargs["checkpoint_index"]
+    fleet.indexes.router_leases = kwargs["router_lease_index"]
     supervisor: Supervisor = memo["supervisor"]
     supervisor.start("fleet loop", loop.run(fleet))
     supervisor.start("engine scraper", loop.scrape_forever(fleet))
@@ -103,7 +103,7 @@ async def stop(memo: kopf.Memo, **_: Any) -> None:
     await memo["supervisor"].stop()
     fleet: Fleet = memo["fleet"]
     # Before the release: once it is sent, a standby may lead while our work still runs.
-    await fleet.cancel_spawned()
+    await fleet.spawner.cancel_all()
     await fleet.leadership.release()
     await fleet.http.aclose()
     await fleet.kube.aclose()
@@ -187,8 +187,8 @@ def router_lease_index(body: kopf.Body, **_: Any) -> dict[Any, Any]:
 
 def _wake(memo: kopf.Memo) -> Fleet:
     fleet: Fleet = memo["fleet"]
-    if not fleet.kopf_indexed:
-        fleet.kopf_indexed = True
+    if not fleet.indexes.kopf_indexed:
+        fleet.indexes.kopf_indexed = True
         fleet.update_indexed()
     fleet.wakeup.set()
     return fleet
@@ -202,8 +202,8 @@ async def worker_event(
     fleet = _wake(memo)
     key = (namespace or "", name)
     fleet.work.worker(key)
-    record = None if event.get("type") == "DELETED" else fleet.worker(*key)
-    fleet.placement.worker_seen(key, record)
+    record = None if event.get("type") == "DELETED" else fleet.indexes.worker(*key)
+    fleet.sessions.placement.worker_seen(key, record)
     brief = worker_brief(record) if record is not None else None
     if record is None:
         fleet.work.forget_worker(key)
@@ -211,7 +211,7 @@ async def worker_event(
         # Phase, epoch or pod changed (or the worker is gone): each session's decision
         # reads them. Counters and conditions change nothing for the sessions.
         fleet.work.briefs[key] = brief
-        fleet.work.each_session(s.key for s in fleet.sessions_of(key))
+        fleet.work.each_session(s.key for s in fleet.sessions.sessions_of(key))
     if brief is None:
         fleet.work.briefs.pop(key, None)
     view = worker_view(record) if record is not None else None
@@ -244,8 +244,8 @@ async def engine_policy_event(
 async def node_event(memo: kopf.Memo, name: str, **_: Any) -> None:
     """Mark the workers with a pod on the node (cordons, taints and readiness start drains)."""
     fleet = _wake(memo)
-    for record in fleet.all_workers():
-        if any(pod.node == name for pod in fleet.pods_of(record.key)):
+    for record in fleet.indexes.all_workers():
+        if any(pod.node == name for pod in fleet.indexes.pods_of(record.key)):
             fleet.work.worker(record.key)
 
 
@@ -265,6 +265,6 @@ async def policy_event(memo: kopf.Memo, namespace: str | None, **_: Any) -> None
     """Mark the namespace's workers: which policy governs each may have changed."""
     fleet = _wake(memo)
     fleet.work.policies = True
-    for record in fleet.all_workers():
+    for record in fleet.indexes.all_workers():
         if record.namespace == namespace:
             fleet.work.worker(record.key)

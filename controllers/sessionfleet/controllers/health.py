@@ -58,8 +58,8 @@ def assess(fleet: Fleet, supervisor: Supervisor, now: float) -> Health:
     if supervisor.failure is not None:
         problems.append(str(supervisor.failure))
     stalled = False
-    if leading and fleet.loop_pass_at is not None:
-        since = now - fleet.loop_pass_at
+    if leading and fleet.loop_marks.pass_at is not None:
+        since = now - fleet.loop_marks.pass_at
         detail["secondsSinceLastPass"] = round(since, 1)
         if since > stall_after(fleet.config.resync_seconds):
             stalled = True

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
-from kopf._cogs.aiokits import aiotoggles
+from sessionfleet.controllers.kopfcompat import aiotoggles
 
 log = logging.getLogger(__name__)
 

@@ -33,7 +33,7 @@ _ENDED: Final = frozenset({SessionPhase.FINISHED, SessionPhase.LOST})
 def stores(fleet: Fleet) -> dict[str, list[WorkerRecord]]:
     """Return the Ready vLLM workers with sessionfleet's store, by the store's root."""
     grouped: dict[str, list[WorkerRecord]] = defaultdict(list)
-    for record in fleet.all_workers():
+    for record in fleet.indexes.all_workers():
         worker = record.worker
         if (
             worker is not None
@@ -48,7 +48,7 @@ def live_sessions(fleet: Fleet, namespace: str, model: str) -> list[str]:
     """Return the names of the sessions of a model in a namespace that may have another turn."""
     return sorted(
         s.name
-        for s in fleet.all_sessions()
+        for s in fleet.sessions.all_sessions()
         if s.namespace == namespace
         and s.model == model
         and not s.finished
@@ -85,10 +85,10 @@ async def kv_stores_forever(fleet: Fleet) -> None:
     """Run :func:`retain_once` on the interval while this replica leads."""
     await fleet.indexed.wait()
     await fleet.leadership.acquired.wait()
-    driver = fleet.drivers.get(CheckpointDriver.ENGINE)
+    driver = fleet.checkpointing.drivers.get(CheckpointDriver.ENGINE)
     if not isinstance(driver, EngineDriver):
         return
     while True:
         await asyncio.sleep(fleet.config.kv_store_interval_seconds)
         # A store that did not answer this time keeps its last health, not none.
-        fleet.kv_store_health.update(await retain_once(fleet, driver))
+        fleet.engines.kv_store_health.update(await retain_once(fleet, driver))

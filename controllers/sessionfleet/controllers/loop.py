@@ -94,7 +94,7 @@ def start_session_steps(fleet: Fleet, due: Iterable[SessionState], now: datetime
     retry_at = time.monotonic() + fleet.config.resync_seconds
     for session in due:
         job = Job(SESSIONS, session.key, functools.partial(reconcile_session, fleet, session, now))
-        fleet.spawn(
+        fleet.spawner.spawn(
             f"session {session.namespace}/{session.name}", _isolated(fleet, job, now, retry_at)
         )
 
@@ -104,7 +104,7 @@ async def record_fault(job: Job, message: str, now: datetime, *, fleet: Fleet) -
     condition = reconciled_condition(message)
     namespace, name = job.key
     if job.resource is WORKERS:
-        record = fleet.worker(namespace, name)
+        record = fleet.indexes.worker(namespace, name)
         existing = (record.raw_status.get("conditions") or []) if record is not None else []
         version = record.resource_version if record is not None else None
     else:
@@ -132,9 +132,11 @@ async def reconcile_once(fleet: Fleet, now: datetime, batch: Batch = FULL) -> No
     the marks rely on: each session's deadline and the per-worker load counts.
     """
     started = time.monotonic()
-    fleet.forget_deleted()
-    fleet.node_gate = _node_gate(fleet)
-    workers = fleet.all_workers() if batch.full else _present(fleet.worker, batch.workers)
+    fleet.sessions.forget_deleted()
+    fleet.worker_writes.node_gate = _node_gate(fleet)
+    workers = (
+        fleet.indexes.all_workers() if batch.full else _present(fleet.indexes.worker, batch.workers)
+    )
     await _bounded(
         fleet,
         (Job(WORKERS, r.key, functools.partial(reconcile_worker, fleet, r, now)) for r in workers),
@@ -142,7 +144,11 @@ async def reconcile_once(fleet: Fleet, now: datetime, batch: Batch = FULL) -> No
     )
     if batch.full or batch.policies:
         await reconcile_policies(fleet, now)
-    sessions = fleet.all_sessions() if batch.full else _present(fleet.session, batch.sessions)
+    sessions = (
+        fleet.sessions.all_sessions()
+        if batch.full
+        else _present(fleet.sessions.session, batch.sessions)
+    )
     if batch.full:
         await repair(fleet)
     start_session_steps(fleet, await due_sessions(fleet, sessions, now), now)
@@ -150,8 +156,8 @@ async def reconcile_once(fleet: Fleet, now: datetime, batch: Batch = FULL) -> No
     metrics.PASS_SECONDS.labels(kind).observe(time.monotonic() - started)
     metrics.PASS_OBJECTS.labels(kind, "inferenceworkers").observe(len(workers))
     metrics.PASS_OBJECTS.labels(kind, "agentsessions").observe(len(sessions))
-    if batch.full or started - fleet.gauges_at >= GAUGE_SECONDS:
-        fleet.gauges_at = started
+    if batch.full or started - fleet.loop_marks.gauges_at >= GAUGE_SECONDS:
+        fleet.loop_marks.gauges_at = started
         _export_gauges(fleet)
 
 
@@ -167,8 +173,8 @@ async def repair(fleet: Fleet) -> None:
     let in between (:func:`paced`): at 100,000 sessions the whole of it took over a
     second, every bind held behind it.
     """
-    loads, deadlines = fleet.worker_loads, fleet.work.session_deadlines
-    held = fleet.sessions.by_key
+    loads, deadlines = fleet.sessions.worker_loads, fleet.work.session_deadlines
+    held = fleet.sessions.cache.by_key
     wrong = 0
     async for key in paced(list(held)):
         session = held.get(key)
@@ -183,7 +189,7 @@ async def repair(fleet: Fleet) -> None:
         if key not in held:  # counted, but its deletion was missed
             wrong += loads.check(key, None)
             deadlines.schedule(key, None)
-    fleet.placement.drop()  # built again from the records at the next placement
+    fleet.sessions.placement.drop()  # built again from the records at the next placement
     if wrong:
         log.warning("full pass: %d session(s) were counted on the wrong worker", wrong)
 
@@ -202,7 +208,7 @@ def _node_gate(fleet: Fleet) -> NodeRecoveryGate:
     Only a worker on a NotReady node takes from it: while every node is Ready it is not
     worked out (it looks at every worker's pods, on every pass).
     """
-    if all(node.ready for node in fleet.all_nodes()):
+    if all(node.ready for node in fleet.indexes.all_nodes()):
         return NodeRecoveryGate(fleet.config.max_concurrent_node_recoveries)
     return node_recovery_gate(
         fleet_nodes(fleet),
@@ -226,11 +232,11 @@ def _moving_off_not_ready_nodes(fleet: Fleet, now: float) -> int:
     move and let a second one past the cap.
     """
     moving = 0
-    for record in fleet.all_workers():
+    for record in fleet.indexes.all_workers():
         shown = moving_off_not_ready_node(record.raw_status)
-        written = fleet.node_moves.get(record.key)
+        written = fleet.worker_writes.node_moves.get(record.key)
         if shown or (written is not None and now - written >= NODE_MOVE_MEMORY_SECONDS):
-            fleet.node_moves.pop(record.key, None)
+            fleet.worker_writes.node_moves.pop(record.key, None)
             written = None
         moving += shown or written is not None
     return moving
@@ -238,8 +244,13 @@ def _moving_off_not_ready_nodes(fleet: Fleet, now: float) -> int:
 
 def fleet_nodes(fleet: Fleet) -> list[NodeState]:
     """Return the nodes that run the workers this operator serves (its share of the cluster)."""
-    names = {pod.node for r in fleet.all_workers() for pod in fleet.pods_of(r.key) if pod.node}
-    return [node for name in sorted(names) if (node := fleet.node(name)) is not None]
+    names = {
+        pod.node
+        for r in fleet.indexes.all_workers()
+        for pod in fleet.indexes.pods_of(r.key)
+        if pod.node
+    }
+    return [node for name in sorted(names) if (node := fleet.indexes.node(name)) is not None]
 
 
 def moving_off_not_ready_node(status: Mapping[str, Any]) -> bool:
@@ -281,15 +292,17 @@ def _due(fleet: Fleet, session: SessionState, now: datetime) -> bool:
 
 def _export_gauges(fleet: Fleet) -> None:
     """Export the session and worker gauges from counts kept as events arrive."""
-    phases = fleet.sessions.phases
+    phases = fleet.sessions.cache.phases
     for name in (*(phase.value for phase in SessionPhase), NEW):
         metrics.SESSIONS.labels(name).set(phases.get(name, 0))
-    metrics.RECOMPUTED_TOKENS.set(fleet.sessions.recomputed_pinned)
+    metrics.RECOMPUTED_TOKENS.set(fleet.sessions.cache.recomputed_pinned)
     for urgency in Urgency:
-        metrics.WRITES_WAITING.labels(urgency.name.lower()).set(fleet.writes.waiting[urgency])
+        metrics.WRITES_WAITING.labels(urgency.name.lower()).set(
+            fleet.sessions.writes.waiting[urgency]
+        )
     draining: set[tuple[str, str]] = set()
-    workers = fleet.all_workers()
-    pinned = fleet.worker_loads.pinned
+    workers = fleet.indexes.all_workers()
+    pinned = fleet.sessions.worker_loads.pinned
     for record in workers:
         metrics.PINNED.labels(record.namespace, record.name).set(pinned.get(record.key, 0))
         if record.status.phase is WorkerPhase.DRAINING:
@@ -328,13 +341,13 @@ async def run(fleet: Fleet) -> None:
                 await reconcile_once(fleet, now, fleet.work.take(now.timestamp(), time.monotonic()))
             except Exception:  # the loop must outlive any one bad step
                 log.exception("fleet loop iteration failed")
-            if fleet.loop_pass_at is None:  # what a new leader started from, for its log
+            if fleet.loop_marks.pass_at is None:  # what a new leader started from, for its log
                 log.info(
                     "first pass done: %d worker(s), %d session(s)",
-                    len(fleet.all_workers()),
-                    len(fleet.sessions),
+                    len(fleet.indexes.all_workers()),
+                    len(fleet.sessions.cache),
                 )
-            fleet.loop_pass_at = time.monotonic()
+            fleet.loop_marks.pass_at = time.monotonic()
             metrics.LAST_PASS.set(time.time())
         try:
             await asyncio.wait_for(fleet.wakeup.wait(), timeout=fleet.config.resync_seconds)
@@ -423,10 +436,10 @@ async def scrape_worker(fleet: Fleet, key: tuple[str, str], endpoint: str) -> bo
     except SCRAPE_ERRORS as error:
         log.debug("scrape of %s failed: %s", endpoint, error)
         return False
-    changed = fleet.stats.get(key) != stats
-    fleet.stats[key] = stats
+    changed = fleet.engines.stats.get(key) != stats
+    fleet.engines.stats[key] = stats
     if changed:
-        fleet.placement.touched.add(key)
+        fleet.sessions.placement.touched.add(key)
     return changed
 
 
@@ -458,7 +471,7 @@ async def scrape_forever(fleet: Fleet) -> None:
     while True:
         targets = [
             (r.key, endpoint)
-            for r in fleet.all_workers()
+            for r in fleet.indexes.all_workers()
             if (endpoint := r.status.endpoint)
             and r.status.phase in (WorkerPhase.READY, WorkerPhase.DRAINING)
         ]

@@ -61,16 +61,16 @@ def desired_status(record: PolicyRecord, plan: PolicyStatusPlan, now: datetime) 
 def desired_statuses(fleet: Fleet, now: datetime) -> list[tuple[PolicyRecord, dict[str, Any]]]:
     """Return every DrainPolicy with the status it should carry, from the indexes."""
     policies: dict[str, list[PolicyRecord]] = defaultdict(list)
-    for policy in fleet.all_policies():
+    for policy in fleet.indexes.all_policies():
         policies[policy.namespace].append(policy)
     workers: dict[str, list[WorkerView]] = defaultdict(list)
-    for record in fleet.all_workers():
+    for record in fleet.indexes.all_workers():
         view = worker_view(record)
         if view is not None:
             workers[record.namespace].append(view)
     desired: list[tuple[PolicyRecord, dict[str, Any]]] = []
     for namespace, records in policies.items():
-        parsed, invalid = fleet.policy_specs(namespace)  # as each worker's drain reads them
+        parsed, invalid = fleet.indexes.policy_specs(namespace)  # as each worker's drain reads them
         plans = plan_policy_statuses(parsed, workers.get(namespace, ()), invalid)
         desired.extend(
             (record, desired_status(record, plans[record.name], now))
@@ -109,7 +109,7 @@ async def write_status(fleet: Fleet, record: PolicyRecord, desired: dict[str, An
 async def record_fault(job: Job, message: str, now: datetime, *, fleet: Fleet) -> None:
     """Put ``Reconciled=False`` with the failure on the policy's status (once per change)."""
     namespace, name = job.key
-    record = next((p for p in fleet.policies_in(namespace) if p.name == name), None)
+    record = next((p for p in fleet.indexes.policies_in(namespace) if p.name == name), None)
     existing = (record.raw_status.get("conditions") or []) if record is not None else []
     conditions = with_condition(existing, reconciled_condition(message), now)
     if not status_patch({"conditions": existing}, {"conditions": conditions}):

@@ -40,16 +40,16 @@ async def checkpoint_key(fleet: Fleet) -> bytes:
     in this process only, and a restarted operator refuses its predecessor's pending
     Drain and Periodic checkpoints.
     """
-    if fleet.checkpoint_key is not None:
-        return fleet.checkpoint_key
+    if fleet.checkpointing.key is not None:
+        return fleet.checkpointing.key
     where = fleet.config.checkpoint_key_secret
     if where is None:
         log.warning(
             "no --checkpoint-key-secret: checkpoints are signed with a key of this process "
             "only; another replica or a restart refuses its pending Drain and Periodic ones"
         )
-        fleet.checkpoint_key = secrets.token_bytes(KEY_BYTES)
-        return fleet.checkpoint_key
+        fleet.checkpointing.key = secrets.token_bytes(KEY_BYTES)
+        return fleet.checkpointing.key
     namespace, name = where
     try:
         body = await fleet.kube.get(SECRETS, name, namespace)
@@ -69,7 +69,7 @@ async def checkpoint_key(fleet: Fleet) -> bytes:
             f"Secret {namespace}/{name} holds no checkpoint key (data.key, at least 16 "
             "bytes): delete it and the operator creates one"
         )
-    fleet.checkpoint_key = key
+    fleet.checkpointing.key = key
     return key
 
 

@@ -378,7 +378,6 @@ async def run_operator(
     pods' processes.
     """
     import kopf
-    from kopf._cogs.structs.references import Insights
     from prometheus_client import start_http_server
 
     from sessionfleet import __version__
@@ -393,9 +392,12 @@ async def run_operator(
         served,
         sessionwatch,
     )
+    from sessionfleet.controllers.checkpointwork import CheckpointWork
     from sessionfleet.controllers.events import EventRecorder
     from sessionfleet.controllers.fleet import Fleet
     from sessionfleet.controllers.health import serve_health
+    from sessionfleet.controllers.kopfcompat import Insights
+    from sessionfleet.controllers.sessionbook import SessionBook
     from sessionfleet.controllers.turns import WriteTurns
     from sessionfleet.controllers.work import WorkQueue
     from sessionfleet.kube import SESSIONS, Kube, KubeConfig
@@ -452,14 +454,15 @@ async def run_operator(
     session_sources = sessionwatch.sources(config.namespaces)
     fleet = Fleet(
         config=config,
-        session_sources=len(session_sources),
         kube=kube,
         http=http,
-        drivers=drivers,
+        sessions=SessionBook(
+            sources=len(session_sources), writes=WriteTurns(config.session_writes)
+        ),
+        checkpointing=CheckpointWork(drivers=drivers),
         leadership=leadership,
         events=events,
         work=WorkQueue(full_every=config.full_resync_seconds),
-        writes=WriteTurns(config.session_writes),
     )
     metrics.LEADER.set_function(lambda: 1.0 if leadership.leading else 0.0)
     start_http_server(config.metrics_port)

@@ -34,9 +34,7 @@ from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from itertools import repeat
 
-from kopf._cogs.structs.references import Insights
-from kopf._core.intents.registries import OperatorRegistry
-
+from sessionfleet.controllers.kopfcompat import Insights, OperatorRegistry, registered_handlers
 from sessionfleet.kube import Kube, KubeError, NotFound
 
 log = logging.getLogger(__name__)
@@ -88,13 +86,8 @@ def watched_kinds(registry: OperatorRegistry) -> frozenset[WatchedKind]:
             which this check (and discovery) could not match.
 
     """
-    handlers = [
-        *registry._indexing.get_all_handlers(),
-        *registry._watching.get_all_handlers(),
-        *registry._changing.get_all_handlers(),
-    ]
     kinds = set()
-    for handler in handlers:
+    for handler in registered_handlers(registry):
         selector = handler.selector
         if selector is None:
             raise ValueError(f"handler {handler.id}: it watches no resource")

@@ -84,13 +84,13 @@ def worker_brief(record: WorkerRecord) -> WorkerBrief | None:
 def _brief(fleet: Fleet, session: SessionState) -> WorkerBrief | None:
     if session.worker is None:
         return None
-    record = fleet.worker(session.namespace, session.worker)
+    record = fleet.indexes.worker(session.namespace, session.worker)
     return worker_brief(record) if record is not None else None
 
 
 def next_step(fleet: Fleet, session: SessionState, now: datetime) -> SessionDecision | None:
     """Return the step the session needs now, or None. No I/O: the loop filters with it."""
-    if session.key in fleet.busy_sessions:
+    if session.key in fleet.sessions.busy:
         return None
     return _decide(fleet, session, now)
 
@@ -99,10 +99,10 @@ def _decide(fleet: Fleet, session: SessionState, now: datetime) -> SessionDecisi
     key = session.key
     if fleet.freshness.is_stale(key, session.resource_version):
         return None
-    if fleet.deleted_sessions.get(key, -1) >= session.resource_version:
+    if fleet.sessions.deleted.get(key, -1) >= session.resource_version:
         return None  # we deleted it; the index shows it until the watch reports that
     if session.worker is not None:
-        fleet.ledger.settle(key)
+        fleet.sessions.ledger.settle(key)
     decision = decide_session(
         session, _brief(fleet, session), now, fleet.config.idle_timeout, fleet.config.lost_timeout
     )
@@ -121,10 +121,10 @@ async def reconcile_session(fleet: Fleet, session: SessionState, now: datetime) 
     if decision is None:
         return
     key = session.key
-    fleet.busy_sessions.add(key)
+    fleet.sessions.busy.add(key)
     try:
-        async with fleet.writes.turn(urgency_of(decision, _brief(fleet, session)), key):
-            current = fleet.session(*key)
+        async with fleet.sessions.writes.turn(urgency_of(decision, _brief(fleet, session)), key):
+            current = fleet.sessions.session(*key)
             now = datetime.now(UTC)
             decision = _decide(fleet, current, now) if current is not None else None
             if current is not None and decision is not None:
@@ -132,7 +132,7 @@ async def reconcile_session(fleet: Fleet, session: SessionState, now: datetime) 
     except KubeError as error:
         log.warning("session %s/%s: %s", session.namespace, session.name, error)
     finally:
-        fleet.busy_sessions.discard(key)
+        fleet.sessions.busy.discard(key)
         # Decided again next pass: a write that failed (a conflict with a router's usage
         # write) is retried, one that succeeded is skipped until the watch shows it.
         fleet.work.session(key)
@@ -159,7 +159,7 @@ async def _act(
             pass
         # Until the watch reports the deletion, every pass of the loop would find the
         # session Finished past its TTL and delete it again: one 404 DELETE per pass.
-        fleet.deleted_sessions[session.key] = session.resource_version
+        fleet.sessions.deleted[session.key] = session.resource_version
     elif decision.action is Action.UPDATE and decision.phase is not None:
         brief = _brief(fleet, session) if decision.phase is SessionPhase.BOUND else None
         status = session_phase_status(
@@ -186,7 +186,7 @@ async def _act(
 async def bind(fleet: Fleet, session: SessionState, now: datetime) -> None:
     """Place a new session and bind it, or record why it must wait."""
     parent_worker = (
-        fleet.worker_of_session_id(session.namespace, session.parent_session_id)
+        fleet.sessions.worker_of_session_id(session.namespace, session.parent_session_id)
         if session.parent_session_id
         else None
     )
@@ -214,9 +214,9 @@ async def bind(fleet: Fleet, session: SessionState, now: datetime) -> None:
             session_pending_status(session.generation, placement.reason, placement.message, now),
         )
         return
-    record = fleet.worker(session.namespace, placement.worker)
+    record = fleet.indexes.worker(session.namespace, placement.worker)
     status = record.status if record is not None else None
-    fleet.ledger.add(session.key, placement.worker, session.context_tokens)
+    fleet.sessions.ledger.add(session.key, placement.worker, session.context_tokens)
     bound = await _patch_status(
         fleet,
         session,
@@ -230,7 +230,7 @@ async def bind(fleet: Fleet, session: SessionState, now: datetime) -> None:
         ),
     )
     if not bound:
-        fleet.ledger.settle(session.key)
+        fleet.sessions.ledger.settle(session.key)
         return
     if record is not None:
         # On the worker, not the session: a burst of binds is one Event per worker,
@@ -270,12 +270,12 @@ async def migrate_sessions(
     namespace = source.namespace
     candidates = []
     for name in names:
-        session = fleet.session(namespace, name)
+        session = fleet.sessions.session(namespace, name)
         if session is None or session.worker != source.name:
             continue
-        if session.key in fleet.busy_sessions:
+        if session.key in fleet.sessions.busy:
             # Its write (a finish, say) may wait behind every bind: the drain waits on it.
-            fleet.writes.promote(session.key, Urgency.HOLDS_WORKER)
+            fleet.sessions.writes.promote(session.key, Urgency.HOLDS_WORKER)
             continue
         if fleet.freshness.is_stale(session.key, session.resource_version):
             continue
@@ -285,7 +285,7 @@ async def migrate_sessions(
     loaders = (
         frozenset(
             r.name
-            for r in fleet.all_workers()
+            for r in fleet.indexes.all_workers()
             if r.namespace == namespace
             and r.worker is not None
             and r.worker.spec.engine.type is engine
@@ -297,7 +297,7 @@ async def migrate_sessions(
         candidates,
         source.name,
         fleet.loads(namespace),
-        fleet.routers(),
+        fleet.indexes.routers(),
         now,
         fleet.config.ack_timeout,
         loaders,
@@ -316,7 +316,7 @@ async def migrate_sessions(
                     ", ".join(step.overdue),
                     fleet.config.ack_timeout,
                 )
-            fleet.ledger.add(session.key, step.target, session.context_tokens)
+            fleet.sessions.ledger.add(session.key, step.target, session.context_tokens)
             movable.append((session, step.target, step.message))
     # Together, not one round trip after another: a drain marks and moves every session
     # of its worker, and each write waits on the API server (their turns come first).
@@ -329,11 +329,11 @@ async def migrate_sessions(
         *source.key,
         ", ".join(f"{session.name} to {target}" for session, target, _ in movable),
     )
-    fleet.busy_sessions.update(session.key for session, _, _ in movable)
+    fleet.sessions.busy.update(session.key for session, _, _ in movable)
     move = _move(fleet, source, worker, movable, through_checkpoint, now)
     if through_checkpoint:
         # A checkpoint can take minutes (criu: up to 15): never inside the loop's pass.
-        fleet.spawn(f"migration from {source.key}", move)
+        fleet.spawner.spawn(f"migration from {source.key}", move)
     else:
         await move
 
@@ -361,7 +361,7 @@ async def _move(
         await _together(move_one(*entry) for entry in movable)
     finally:
         moved = [session.key for session, _, _ in movable]
-        fleet.busy_sessions.difference_update(moved)
+        fleet.sessions.busy.difference_update(moved)
         fleet.work.each_session(moved)  # a pass that skipped them while busy looks again
 
 
@@ -375,7 +375,7 @@ async def _together(steps: Iterable[Coroutine[Any, Any, None]]) -> None:
 
 async def _mark_migrating(fleet: Fleet, session: SessionState, message: str, now: datetime) -> None:
     """Start the turn-boundary handshake: routers hold the session's next turn and ack."""
-    async with fleet.writes.turn(Urgency.HOLDS_WORKER, session.key):
+    async with fleet.sessions.writes.turn(Urgency.HOLDS_WORKER, session.key):
         marked = await _patch_status(fleet, session, session_migrating_status(message, now))
     if marked:
         fleet.notify(
@@ -415,8 +415,8 @@ async def _load_into(
     mean nothing to the simulated engine, and the other way round).
     """
     _, outcome = saved
-    record = fleet.worker(session.namespace, target)
-    driver = fleet.drivers.get(CheckpointDriver.ENGINE)
+    record = fleet.indexes.worker(session.namespace, target)
+    driver = fleet.checkpointing.drivers.get(CheckpointDriver.ENGINE)
     if record is None or record.worker is None or driver is None:
         return False
     if record.worker.spec.engine.type is not engine:
@@ -450,15 +450,15 @@ async def _rebind(
         how = f"through checkpoint {checkpoint} ({tokens} tokens)"
     else:
         how = "without cache: its prefix is recomputed at the next turn"
-    async with fleet.writes.turn(Urgency.HOLDS_WORKER, session.key):
+    async with fleet.sessions.writes.turn(Urgency.HOLDS_WORKER, session.key):
         # A save can take minutes, a turn seconds: rebind from the copy the index holds
         # now, and only if it is still on the source (the write fails if anyone changes
         # it meanwhile).
-        current = fleet.session(session.namespace, session.name)
+        current = fleet.sessions.session(session.namespace, session.name)
         moved = False
         if current is not None and current.worker == source:
             session = current
-            record = fleet.worker(session.namespace, target)
+            record = fleet.indexes.worker(session.namespace, target)
             status = record.status if record is not None else None
             moved = await _patch_status(
                 fleet,
@@ -484,4 +484,4 @@ async def _rebind(
             ),
         )
     else:
-        fleet.ledger.settle(session.key)
+        fleet.sessions.ledger.settle(session.key)

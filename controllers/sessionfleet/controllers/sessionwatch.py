@@ -24,14 +24,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kopf._cogs.structs.references import (
-    NamespaceName,
-    match_namespace,
-    select_specific_namespaces,
-)
-
 from sessionfleet.controllers import loop
 from sessionfleet.controllers.fleet import Fleet
+from sessionfleet.controllers.kopfcompat import matches_namespace, select_specific_namespaces
 from sessionfleet.controllers.records import Key, resource_version, session_record
 from sessionfleet.controllers.sessions import reconcile_session
 from sessionfleet.kube import SESSIONS, Kube
@@ -62,11 +57,11 @@ def sources(patterns: Iterable[str]) -> list[Source]:
     names = select_specific_namespaces(patterns)
     if len(names) == len(patterns):
         return [Source(name, lambda _: True) for name in sorted(names)]
-    return [Source(None, lambda ns: any(match_namespace(NamespaceName(ns), p) for p in patterns))]
+    return [Source(None, lambda ns: matches_namespace(ns, patterns))]
 
 
 async def follow(fleet: Fleet, source: Source, kube: Kube | None = None) -> None:
-    """Keep ``fleet.sessions`` in step with one watch; mark and bind as events arrive.
+    """Keep ``fleet.sessions.cache`` in step with one watch; mark and bind as events arrive.
 
     A listing (the first, or a new one after the watch expired) replaces the source's
     sessions: those gone from it are handled as deleted, every listed one that changed
@@ -80,14 +75,14 @@ async def follow(fleet: Fleet, source: Source, kube: Kube | None = None) -> None
     async for event in reflect(reader, SESSIONS, source.namespace, convert=record):
         if event.type == "SYNC":
             listed = {s.key: s for s in event.items if source.serves(s.namespace)}
-            for key in fleet.sessions.keys_in(source.namespace) - listed.keys():
+            for key in fleet.sessions.cache.keys_in(source.namespace) - listed.keys():
                 if source.serves(key[0]):
                     session_deleted(fleet, key)
             async for state in loop.paced(listed.values()):
-                if fleet.sessions.get(state.key) is not state:
+                if fleet.sessions.cache.get(state.key) is not state:
                     session_changed(fleet, state, bind_new=False)
             del listed
-            fleet.sessions.listed.add(source.namespace)
+            fleet.sessions.cache.listed.add(source.namespace)
             log.info(
                 "listed %d AgentSession(s) in %s",
                 len(event.items),
@@ -114,7 +109,7 @@ def known_record(fleet: Fleet, body: Mapping[str, Any]) -> SessionState | None:
     changes) is neither parsed again nor handled as a change.
     """
     meta = body.get("metadata") or {}
-    kept = fleet.sessions.get((str(meta.get("namespace", "")), str(meta.get("name", ""))))
+    kept = fleet.sessions.cache.get((str(meta.get("namespace", "")), str(meta.get("name", ""))))
     if kept is None or not kept.resource_version:
         return None
     return kept if kept.resource_version == resource_version(body) else None
@@ -123,7 +118,7 @@ def known_record(fleet: Fleet, body: Mapping[str, Any]) -> SessionState | None:
 def session_changed(fleet: Fleet, state: SessionState, *, bind_new: bool) -> None:
     """Keep the record; mark the session and what its move touched; bind a new one now."""
     key = state.key
-    fleet.sessions.put(state)
+    fleet.sessions.cache.put(state)
     count(fleet, key, state)
     if state.worker is not None:
         fleet.work.waiting.discard(key)
@@ -135,12 +130,14 @@ def session_changed(fleet: Fleet, state: SessionState, *, bind_new: bool) -> Non
         # Bound from its event, not on the loop's next pass: the bind latency is one
         # placement and one write. The loop would find it marked all the same; a
         # session being bound is busy, so the two never write it twice.
-        fleet.spawn(f"bind {key[0]}/{key[1]}", reconcile_session(fleet, state, loop.utcnow()))
+        fleet.spawner.spawn(
+            f"bind {key[0]}/{key[1]}", reconcile_session(fleet, state, loop.utcnow())
+        )
 
 
 def session_deleted(fleet: Fleet, key: Key) -> None:
     """Forget a deleted session and uncount it."""
-    fleet.sessions.drop(key)
+    fleet.sessions.cache.drop(key)
     count(fleet, key, None)
     fleet.work.forget_session(key)
 
@@ -151,14 +148,14 @@ def count(fleet: Fleet, key: Key, state: SessionState | None) -> None:
     Placement's per-worker counts and the ledger of bindings written but not yet seen
     change in the same step, so a binding is counted once, there or here.
     """
-    loads = fleet.worker_loads
+    loads = fleet.sessions.worker_loads
     now_on = (key[0], state.worker) if state is not None and state.worker else None
     before = {w: loads.pinned.get(w, 0) for w in (loads.worker_of(key), now_on) if w}
     if state is None:
-        fleet.ledger.settle(key)
+        fleet.sessions.ledger.settle(key)
         loads.remove(key)
     else:
-        fleet.ledger.observe(key, state.worker)  # the cache shows this event now
+        fleet.sessions.ledger.observe(key, state.worker)  # the cache shows this event now
         loads.update(state)
     due = time.monotonic() + fleet.counter_interval()
     for worker, pinned in before.items():

@@ -77,17 +77,17 @@ def observe(
     fleet: Fleet, record: WorkerRecord, worker: InferenceWorker, now: datetime
 ) -> WorkerObservation:
     """Gather what the plan needs from the indexes."""
-    pods = fleet.pods_of(record.key)
+    pods = fleet.indexes.pods_of(record.key)
     epoch = max([record.status.epoch or 0, *(p.epoch for p in pods)])
     current = next((p for p in pods if p.epoch == epoch), None)
-    policies, invalid = fleet.policy_specs(record.namespace)
-    pinned = [s for s in fleet.sessions_of(record.key) if s.pinned]
+    policies, invalid = fleet.indexes.policy_specs(record.namespace)
+    pinned = [s for s in fleet.sessions.sessions_of(record.key) if s.pinned]
     return WorkerObservation(
         name=record.name,
         spec=worker.spec,
         status=record.status,
         pods=pods,
-        node=fleet.node(current.node if current is not None else record.status.node),
+        node=fleet.indexes.node(current.node if current is not None else record.status.node),
         pinned=[PinnedSession(s.name) for s in pinned],
         policy=resolve_policy(
             worker.metadata.labels, worker.spec.drain_policy_ref, policies, invalid
@@ -101,7 +101,7 @@ def desired_status(
     fleet: Fleet, record: WorkerRecord, worker: InferenceWorker, plan: WorkerPlan, now: datetime
 ) -> dict[str, Any]:
     """Return the status the plan describes, as the API server would store it."""
-    pinned = [s for s in fleet.sessions_of(record.key) if s.pinned]
+    pinned = [s for s in fleet.sessions.sessions_of(record.key) if s.pinned]
     active = [
         s
         for s in pinned
@@ -110,7 +110,7 @@ def desired_status(
     ]
     # A recovering worker's last figures describe the pod that is gone.
     recovering = plan.phase is WorkerPhase.RECOVERING
-    stats = EngineStats() if recovering else fleet.stats.get(record.key, EngineStats())
+    stats = EngineStats() if recovering else fleet.engines.stats.get(record.key, EngineStats())
     hit_rate = None
     if stats.prefix_queries:
         # An engine may count more hits than queries for a moment: a rate stays 0-100.
@@ -120,12 +120,12 @@ def desired_status(
         *plan.conditions,
         reconciled_condition(fleet.faults.of(WORKERS, record.key)),
     ]
-    if record.key in fleet.stats and not recovering:
+    if record.key in fleet.engines.stats and not recovering:
         conditions.append(engine_metrics_condition(stats))
     store_key = f"{record.namespace}/{record.name}"
-    if store_key in fleet.kv_store_health and not recovering:
-        conditions.append(kv_store_condition(fleet.kv_store_health[store_key]))
-    usable = latest_usable(fleet.checkpoints_of(record.key))
+    if store_key in fleet.engines.kv_store_health and not recovering:
+        conditions.append(kv_store_condition(fleet.engines.kv_store_health[store_key]))
+    usable = latest_usable(fleet.indexes.checkpoints_of(record.key))
     restores = record.status.restore_count or 0
     if plan.epoch != (record.status.epoch or 0) and plan.epoch > 1 and usable is not None:
         restores += 1  # this new epoch starts from the checkpoint
@@ -186,7 +186,7 @@ def metrics_notices(fleet: Fleet, record: WorkerRecord, plan: WorkerPlan) -> tup
 
     The scrape's finding, not a plan's decision: like ``EngineMetrics``, it is added here.
     """
-    stats = fleet.stats.get(record.key)
+    stats = fleet.engines.stats.get(record.key)
     if stats is None or plan.phase is WorkerPhase.RECOVERING:
         return ()
     condition = engine_metrics_condition(stats)
@@ -228,7 +228,7 @@ def worth_writing(fleet: Fleet, record: WorkerRecord, patch: dict[str, Any]) -> 
         return False
     if not set(patch) <= COUNTER_FIELDS:
         return True
-    last = fleet.status_written_at.get(record.key)
+    last = fleet.worker_writes.status_written_at.get(record.key)
     return last is None or time.monotonic() - last >= fleet.counter_interval()
 
 
@@ -255,7 +255,7 @@ async def write_status(
     )
     metrics.API_WRITES.labels("patch", "inferenceworkers/status").inc()
     fleet.freshness.mark(record.key, body)
-    fleet.status_written_at[record.key] = time.monotonic()
+    fleet.worker_writes.status_written_at[record.key] = time.monotonic()
     recovered_from = record.status.last_recovery_at
     became_ready = (
         record.status.phase is WorkerPhase.RECOVERING
@@ -292,7 +292,7 @@ async def reconcile_worker(fleet: Fleet, record: WorkerRecord, now: datetime) ->
     observation = observe(fleet, record, worker, now)
     plan = plan_worker(observation)
     if plan.recovery is Reason.NODE_NOT_READY:
-        block = fleet.node_gate.take()
+        block = fleet.worker_writes.node_gate.take()
         if block is not None:
             plan = plan_worker(dataclasses.replace(observation, recovery_block=block))
     _export_drain(record, plan, observation.policy.spec.deadline, now)
@@ -305,7 +305,7 @@ async def reconcile_worker(fleet: Fleet, record: WorkerRecord, now: datetime) ->
     notices = (*plan.notices, *metrics_notices(fleet, record, plan))
     if not worth_writing(fleet, record, patch):
         if patch:  # counters only, coalesced: written once the interval has passed
-            written = fleet.status_written_at.get(record.key, time.monotonic())
+            written = fleet.worker_writes.status_written_at.get(record.key, time.monotonic())
             due = written + fleet.counter_interval()
             fleet.work.retry(WORKERS.plural, record.key, due)
         patch = {}
@@ -318,7 +318,8 @@ async def reconcile_worker(fleet: Fleet, record: WorkerRecord, now: datetime) ->
         patch, notices = {}, ()
         if plan.recovery is not None and epoch_changed:
             if plan.recovery is Reason.NODE_NOT_READY:
-                fleet.node_moves[record.key] = time.monotonic()  # counted by the next gates
+                # counted by the next gates
+                fleet.worker_writes.node_moves[record.key] = time.monotonic()
             metrics.RECOVERIES.labels(plan.recovery.value).inc()
             log.info("worker %s: %s; epoch %d", record.key, plan.recovery.value, plan.epoch)
     started = record.status.drain_started_at
@@ -350,11 +351,11 @@ def _checkpointing(fleet: Fleet, record: WorkerRecord) -> bool:
     Such a checkpoint has a deadline (``--checkpoint-timeout``) that only the clock
     brings, even one a stopped operator left behind: the worker is looked at every pass.
     """
-    if record.key in fleet.running_checkpoints:
+    if record.key in fleet.checkpointing.running:
         return True
     return any(
         c.phase in (None, CheckpointPhase.PENDING, CheckpointPhase.RUNNING) and not c.refused
-        for c in fleet.checkpoints_of(record.key)
+        for c in fleet.indexes.checkpoints_of(record.key)
     )
 
 
@@ -389,7 +390,7 @@ async def _move_worker(
     key = await checkpoint_key(fleet)
     drains = [
         c
-        for c in fleet.checkpoints_of(record.key)
+        for c in fleet.indexes.checkpoints_of(record.key)
         if c.reason is CheckpointReason.DRAIN
         and c.whole_worker
         and c.epoch in (None, epoch)
@@ -417,8 +418,10 @@ async def _create_pod(
 ) -> None:
     """Create the epoch's pod; a later epoch starts from the newest usable checkpoint."""
     restore_args: list[str] = []
-    usable = latest_usable(fleet.checkpoints_of(record.key)) if epoch > 1 else None
-    driver = fleet.drivers.get(worker_driver_of(worker)) if usable is not None else None
+    usable = latest_usable(fleet.indexes.checkpoints_of(record.key)) if epoch > 1 else None
+    driver = (
+        fleet.checkpointing.drivers.get(worker_driver_of(worker)) if usable is not None else None
+    )
     if usable is not None and usable.location and driver is not None:
         restore_args = driver.restore_args(worker.spec.engine.type, usable.location)
     try:
@@ -447,7 +450,7 @@ async def _create_pod(
 async def _delete_pod(fleet: Fleet, record: WorkerRecord, name: str) -> None:
     # Only the pod the index shows (its uid): a namesake created since is not ours to
     # delete. A resourceVersion would fail on every status update of the kubelet's.
-    pod = next((p for p in fleet.pods_of(record.key) if p.name == name), None)
+    pod = next((p for p in fleet.indexes.pods_of(record.key) if p.name == name), None)
     try:
         await fleet.kube.delete(
             PODS,
@@ -480,9 +483,9 @@ def _needs_write(fleet: Fleet, what: str, key: Key, settled: bool, worker: Key) 
     """
     entry = (what, key)
     if settled:
-        fleet.hold_writes.pop(entry, None)
+        fleet.worker_writes.holds.pop(entry, None)
         return False
-    written = fleet.hold_writes.get(entry)
+    written = fleet.worker_writes.holds.get(entry)
     if written is None or time.monotonic() - written >= HOLD_WRITE_PATIENCE_SECONDS:
         return True
     fleet.work.retry(WORKERS.plural, worker, written + HOLD_WRITE_PATIENCE_SECONDS)
@@ -500,7 +503,7 @@ async def _apply_engine_policy(fleet: Fleet, record: WorkerRecord, worker: Infer
     if not peers:
         return
     wanted = build_engine_policy(worker, peers)
-    current = fleet.engine_policy_hash(record.key)
+    current = fleet.indexes.engine_policy_hash(record.key)
     settled = current == wanted["metadata"]["annotations"][SPEC_HASH_ANNOTATION]
     if not _needs_write(fleet, "networkpolicy", record.key, settled=settled, worker=record.key):
         return
@@ -510,7 +513,7 @@ async def _apply_engine_policy(fleet: Fleet, record: WorkerRecord, worker: Infer
         metrics.API_WRITES.labels("apply", "networkpolicies").inc()
     except KubeError as error:
         log.warning("cannot write NetworkPolicy %s/%s: %s", record.namespace, name, error)
-    fleet.hold_writes[("networkpolicy", record.key)] = time.monotonic()
+    fleet.worker_writes.holds[("networkpolicy", record.key)] = time.monotonic()
 
 
 async def _apply_holds(
@@ -519,7 +522,7 @@ async def _apply_holds(
     """Make the PodDisruptionBudget and the pod annotations what the plan wants."""
     wanted = plan.holds
     want_pdb = HoldMechanism.POD_DISRUPTION_BUDGET in wanted
-    has_pdb = fleet.has_pdb(record.key)
+    has_pdb = fleet.indexes.has_pdb(record.key)
     if _needs_write(fleet, "pdb", record.key, settled=want_pdb == has_pdb, worker=record.key):
         try:
             if want_pdb:
@@ -528,13 +531,13 @@ async def _apply_holds(
             else:
                 # That PDB only (its uid, from the index), as the pods above.
                 await fleet.kube.delete(
-                    PDBS, record.name, record.namespace, uid=fleet.pdb_uid(record.key)
+                    PDBS, record.name, record.namespace, uid=fleet.indexes.pdb_uid(record.key)
                 )
                 metrics.API_WRITES.labels("delete", "poddisruptionbudgets").inc()
         except (Conflict, NotFound):
             pass  # already as wanted
-        fleet.hold_writes[("pdb", record.key)] = time.monotonic()
-    pod = next((p for p in fleet.pods_of(record.key) if p.name == plan.pod), None)
+        fleet.worker_writes.holds[("pdb", record.key)] = time.monotonic()
+    pod = next((p for p in fleet.indexes.pods_of(record.key) if p.name == plan.pod), None)
     if pod is None:
         return
     wanted_annotations = wanted & _ANNOTATION_HOLDS
@@ -555,7 +558,7 @@ async def _apply_holds(
     try:
         await fleet.kube.patch(PODS, pod.name, {"metadata": metadata}, record.namespace)
         metrics.API_WRITES.labels("patch", "pods").inc()
-        fleet.hold_writes[("annotations", pod_key)] = time.monotonic()
+        fleet.worker_writes.holds[("annotations", pod_key)] = time.monotonic()
     except (NotFound, Conflict):
         pass  # gone, or another incarnation: the next pass decides again
     except KubeError as error:

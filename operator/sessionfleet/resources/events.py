@@ -8,7 +8,7 @@ in this one place; the operator's recorder only calls these functions.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, TypedDict
 
 from sessionfleet.policy.events import Notice
 from sessionfleet.resources.times import rfc3339
@@ -16,6 +16,53 @@ from sessionfleet.resources.times import rfc3339
 EVENT_API_VERSION: Final = "events.k8s.io/v1"
 REPORTING_CONTROLLER: Final = "sessionfleet.dev/operator"
 MAX_NAME_LENGTH: Final = 253
+
+
+class EventMetadata(TypedDict):
+    """An Event's ``metadata`` as the operator writes it."""
+
+    name: str
+    namespace: str
+
+
+class EventBody(TypedDict):
+    """An ``events.k8s.io/v1`` Event as the operator creates it (``related`` aside).
+
+    A TypedDict, so that a misspelt key is a type error rather than a field the API
+    server drops (an Event without ``reportingController`` is refused, one without
+    ``regarding`` describes nothing).
+    """
+
+    apiVersion: str
+    kind: str
+    metadata: EventMetadata
+    eventTime: str
+    reportingController: str
+    reportingInstance: str
+    action: str
+    reason: str
+    regarding: dict[str, str]
+    note: str
+    type: str
+
+
+class RelatedEventBody(EventBody, total=False):
+    """An Event that may also name a second object it concerns."""
+
+    related: dict[str, str]
+
+
+class EventSeries(TypedDict):
+    """An Event's ``series``: how often it recurred and when last."""
+
+    count: int
+    lastObservedTime: str
+
+
+class SeriesPatch(TypedDict):
+    """The merge patch that records an Event's repeats."""
+
+    series: EventSeries
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,8 +103,12 @@ def event_body(
     now: float,
     related: ObjectRef | None = None,
 ) -> dict[str, Any]:
-    """Return the Event the operator creates for ``notice`` about ``regarding``."""
-    body: dict[str, Any] = {
+    """Return the Event the operator creates for ``notice`` about ``regarding``.
+
+    Built as an :class:`EventBody`, so its keys are checked, and handed over as a plain
+    dict for the recorder to keep and send.
+    """
+    body: RelatedEventBody = {
         "apiVersion": EVENT_API_VERSION,
         "kind": "Event",
         "metadata": {"name": name, "namespace": regarding.namespace},
@@ -72,10 +123,10 @@ def event_body(
     }
     if related is not None:
         body["related"] = related.wire()
-    return body
+    return dict(body)
 
 
-def series_patch(count: int, last_seen: float) -> dict[str, Any]:
+def series_patch(count: int, last_seen: float) -> SeriesPatch:
     """Return the merge patch that records repeats of an Event as its ``series``.
 
     Only the series: the API server refuses a change of an Event's note (immutable).
@@ -85,6 +136,10 @@ def series_patch(count: int, last_seen: float) -> dict[str, Any]:
 
 __all__ = [
     "EVENT_API_VERSION",
+    "EventBody",
+    "EventSeries",
+    "RelatedEventBody",
+    "SeriesPatch",
     "REPORTING_CONTROLLER",
     "ObjectRef",
     "event_body",

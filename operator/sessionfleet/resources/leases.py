@@ -12,7 +12,9 @@ leader on one Lease (see :mod:`sessionfleet.policy.leadership`).
 The project has no pydantic model of a Lease: it is a core Kubernetes kind, not one of
 ours, and nothing validates or generates a schema from it here. Its keys are therefore
 written out below, in this one place, as the other core objects are in :mod:`.pods`;
-the router only calls these functions.
+the router only calls these functions. The shapes are :class:`LeaseBody` and
+:class:`LeaseSpec` (TypedDicts): a misspelt key is a type error, not a field the API
+server silently drops (a Lease never renewed looks like a dead replica).
 """
 
 from __future__ import annotations
@@ -21,13 +23,42 @@ import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Final
+from typing import Any, Final, TypedDict
 
 from sessionfleet.policy.handshake import ROUTER_COMPONENT, ROUTER_COMPONENT_LABEL, RouterLease
 from sessionfleet.policy.leadership import LeaseRecord, transitions_after
 from sessionfleet.resources.times import rfc3339
 
 LEASE_API_VERSION: Final = "coordination.k8s.io/v1"
+
+
+class LeaseSpec(TypedDict, total=False):
+    """A Lease's ``spec`` as the builders below write it (None: clear the field)."""
+
+    holderIdentity: str | None
+    leaseDurationSeconds: int
+    acquireTime: str | None
+    renewTime: str | None
+    leaseTransitions: int
+
+
+class LeaseMetadata(TypedDict, total=False):
+    """The part of a Lease's ``metadata`` the builders below write."""
+
+    name: str
+    labels: dict[str, str]
+    resourceVersion: str
+
+
+class LeaseBody(TypedDict, total=False):
+    """A Lease, or a merge patch of one, as the builders below write it."""
+
+    apiVersion: str
+    kind: str
+    metadata: LeaseMetadata
+    spec: LeaseSpec
+
+
 MAX_NAME_LENGTH: Final = 253
 
 
@@ -89,7 +120,7 @@ def slot_claimable(body: Mapping[str, Any], replica: str, now: datetime) -> bool
     return state.holder == replica or not state.live(now)
 
 
-def router_lease(name: str, replica: str, *, duration_seconds: int, now: float) -> dict[str, Any]:
+def router_lease(name: str, replica: str, *, duration_seconds: int, now: float) -> LeaseBody:
     """Return the slot Lease ``name`` as ``replica`` holds it from Unix time ``now``.
 
     The body of a create, and of the merge patch that takes an expired slot over.
@@ -112,12 +143,12 @@ def router_lease(name: str, replica: str, *, duration_seconds: int, now: float) 
     }
 
 
-def lease_renewal(replica: str, *, now: float) -> dict[str, Any]:
+def lease_renewal(replica: str, *, now: float) -> LeaseBody:
     """Return the merge patch that renews a replica's Lease at Unix time ``now``."""
     return {"spec": {"renewTime": rfc3339(now, micros=True), "holderIdentity": replica}}
 
 
-def lease_release() -> dict[str, Any]:
+def lease_release() -> LeaseBody:
     """Return the merge patch by which a replica gives its slot up at a clean shutdown.
 
     No holder and no times: the operator counts the replica gone at once (a Lease never
@@ -126,7 +157,7 @@ def lease_release() -> dict[str, Any]:
     return {"spec": {"holderIdentity": None, "acquireTime": None, "renewTime": None}}
 
 
-def leader_lease(name: str, identity: str, *, duration_seconds: int, now: float) -> dict[str, Any]:
+def leader_lease(name: str, identity: str, *, duration_seconds: int, now: float) -> LeaseBody:
     """Return the leader-election Lease as its first holder creates it at Unix time ``now``."""
     stamp = rfc3339(now, micros=True)
     return {
@@ -145,7 +176,7 @@ def leader_lease(name: str, identity: str, *, duration_seconds: int, now: float)
 
 def leader_lease_claim(
     record: LeaseRecord, identity: str, *, duration_seconds: int, now: float
-) -> dict[str, Any]:
+) -> LeaseBody:
     """Return the merge patch by which ``identity`` renews or takes over the Lease.
 
     It carries the resourceVersion it was decided from: the API server refuses it (409)
@@ -165,7 +196,7 @@ def leader_lease_claim(
     }
 
 
-def leader_lease_release(record: LeaseRecord, *, now: float) -> dict[str, Any]:
+def leader_lease_release(record: LeaseRecord, *, now: float) -> LeaseBody:
     """Return the merge patch by which a stopping leader gives the Lease up at once.
 
     As client-go does: no holder, a one-second duration, so a standby takes over on

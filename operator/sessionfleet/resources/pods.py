@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from sessionfleet._version import __version__
 from sessionfleet.api import API_VERSION, CheckpointDriver, EngineType, InferenceWorker
@@ -36,7 +36,21 @@ class EngineImages:
     sim: str = f"ghcr.io/sessionfleet/sessionfleet:{__version__}"
 
 
-def owner_reference(worker: InferenceWorker) -> dict[str, Any]:
+class OwnerReference(TypedDict):
+    """A ``metadata.ownerReferences`` entry.
+
+    A misspelt key is a type error, not a child the garbage collector never deletes.
+    """
+
+    apiVersion: str
+    kind: str
+    name: str
+    uid: str
+    controller: bool
+    blockOwnerDeletion: bool
+
+
+def owner_reference(worker: InferenceWorker) -> OwnerReference:
     """Return a controller reference to the worker (for garbage collection and drains)."""
     return {
         "apiVersion": API_VERSION,
@@ -216,7 +230,44 @@ def build_pod(
     }
 
 
-def build_pdb(worker: InferenceWorker) -> dict[str, Any]:
+class ObjectMeta(TypedDict):
+    """The ``metadata`` the operator writes on a worker's child objects."""
+
+    name: str
+    namespace: str
+    labels: dict[str, str]
+    ownerReferences: list[OwnerReference]
+
+
+class LabelSelector(TypedDict):
+    """A selector by labels alone."""
+
+    matchLabels: dict[str, str]
+
+
+class PdbSpec(TypedDict):
+    """The worker's hold budget: every key is one the disruption controller reads."""
+
+    minAvailable: int
+    unhealthyPodEvictionPolicy: str
+    selector: LabelSelector
+
+
+class PodDisruptionBudget(TypedDict):
+    """A ``policy/v1`` PodDisruptionBudget as :func:`build_pdb` writes it.
+
+    A misspelt key would be dropped by the API server with at most a warning, leaving
+    a budget that holds a broken worker's pod or selects no pod at all: here it is a
+    type error.
+    """
+
+    apiVersion: str
+    kind: str
+    metadata: ObjectMeta
+    spec: PdbSpec
+
+
+def build_pdb(worker: InferenceWorker) -> PodDisruptionBudget:
     """Return the PodDisruptionBudget that blocks eviction of the worker's pod.
 
     ``minAvailable: 1`` over the worker's one pod refuses every voluntary eviction of

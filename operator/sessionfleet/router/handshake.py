@@ -23,6 +23,7 @@ from typing import Any, Final
 from sessionfleet.kube import LEASES, SESSIONS, Conflict, Kube, KubeError, NotFound
 from sessionfleet.policy.handshake import ACK_PREFIX
 from sessionfleet.resources.leases import (
+    LeaseBody,
     LeaseSlots,
     lease_release,
     lease_renewal,
@@ -59,7 +60,7 @@ class LeaseKeeper:
         """The Lease this replica holds; None while it holds none."""
         self._version: str | None = None
 
-    def _body(self, name: str) -> dict[str, Any]:
+    def _body(self, name: str) -> LeaseBody:
         return router_lease(
             name, self.replica, duration_seconds=LEASE_DURATION_SECONDS, now=time.time()
         )
