@@ -327,19 +327,59 @@ async def test_the_envoy_replay_client_counts_the_turn_in_flight_until_the_strea
     seen: list[tuple[str, dict[str, str], bytes, int]] = []
 
     async def forward(endpoint: str, headers: dict[str, str], body: bytes) -> Upstream:
-        seen.append((endpoint, headers, body, bed.processor.session_turns[NAME]))
+        seen.append((endpoint, headers, body, bed.processor.turns.sessions.get(NAME, 0)))
         return Upstream(200, {"content-type": "text/event-stream"}, sse_chunks())
 
-    bed.processor.turn_ended.clear()
+    bed.processor.turns.ended_event.clear()
     turn = await Envoy(bed.channel).turn(SID, chat_body(), forward, mode=mode, chunk=40)
     assert turn.destination == ["10.0.0.2:8000"] and turn.immediate is None
     ((endpoint, headers, body, in_flight),) = seen
     assert (endpoint, body, in_flight) == ("10.0.0.2:8000", chat_body(), 1)
     assert headers["x-sessionfleet-session-id"] == "task-42"
     assert turn.body == b"".join(sse_chunks())
-    assert bed.processor.session_turns[NAME] == 0 and bed.processor.turn_ended.is_set()
+    assert NAME not in bed.processor.turns.sessions and bed.processor.turns.ended_event.is_set()
     pending = bed.processor.ledger.pending(NAME)
     assert pending is not None and pending.turns == 1
+
+
+async def test_the_first_of_two_overlapping_turns_ending_is_no_turn_boundary(bed: Bed) -> None:
+    """The migration handshake hears "turn ended" only when the session's last turn ends.
+
+    Two turns of one session are in flight through the EPP; the first one's end must not
+    wake the acknowledger as if the session were at a turn boundary (it used to).
+    """
+    gates = [asyncio.Event(), asyncio.Event()]
+    arrived: list[int] = []
+    turns = bed.processor.turns
+
+    async def forward(endpoint: str, headers: dict[str, str], body: bytes) -> Upstream:
+        mine = len(arrived)
+        arrived.append(mine)
+        await gates[mine].wait()
+        return Upstream(200, {"content-type": "application/json"}, [completion()])
+
+    async def until(check: Any) -> None:
+        for _ in range(500):
+            if check():
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError("not reached")
+
+    envoy = Envoy(bed.channel)
+    first = asyncio.ensure_future(envoy.turn(SID, chat_body(), forward))
+    await until(lambda: len(arrived) == 1)
+    second = asyncio.ensure_future(envoy.turn(SID, chat_body(), forward))
+    await until(lambda: len(arrived) == 2)
+    assert turns.sessions.get(NAME) == 2
+    turns.ended_event.clear()
+    gates[0].set()
+    await first
+    await until(lambda: turns.sessions.get(NAME) == 1)
+    assert not turns.ended_event.is_set()
+    gates[1].set()
+    await second
+    await until(lambda: NAME not in turns.sessions)
+    assert turns.ended_event.is_set() and bed.table.workers["w-2"].in_flight == 0
 
 
 async def test_one_client_at_the_new_session_limit_does_not_stop_another() -> None:
