@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import grpc
@@ -27,15 +27,19 @@ from epp_fakes import (
     response_headers,
     session,
     sse_chunks,
+    worker,
 )
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from router_fakes import FakeKube
 
+from sessionfleet.api import SessionClient
 from sessionfleet.epp.picker import PickerConfig
 from sessionfleet.epp.protocol import ExchangeSettings
 from sessionfleet.epp.server import SERVICE_NAME, EppSettings, Health, Processor, grpc_server
 from sessionfleet.router.admission import SessionRates
 from sessionfleet.router.bindings import BindingTable
-from sessionfleet.router.identity import session_object_name
+from sessionfleet.router.identity import Identity, session_object_name
+from sessionfleet.router.kubesync import SessionCreator
 from sessionfleet.router.ledger import UsageLedger
 from sessionfleet.router.metrics import RouterMetrics
 from sessionfleet.router.requester import FAIRNESS_HEADER
@@ -285,10 +289,10 @@ async def test_new_session_is_recorded_in_the_background_with_the_choice_as_hint
     release = asyncio.Event()
 
     class Creator:
-        async def ensure(self, identity: Any, model: str, *, hint: str | None = None) -> Any:
-            calls.append((identity.session_id, model, hint))
+        async def ensure(self, identity: Any, model: str, *, placed: str | None = None) -> Any:
+            calls.append((identity.session_id, model, placed))
             await release.wait()  # the API server is slow: the answer does not wait for it
-            table.apply_session(session(identity.session_id, hint))
+            table.apply_session(session(identity.session_id, placed))
 
     bed.processor.creator = Creator()  # type: ignore[assignment]
     try:
@@ -313,6 +317,27 @@ async def test_new_session_is_recorded_in_the_background_with_the_choice_as_hint
     finally:
         await bed.channel.close()
         await server.stop(None)
+
+
+async def test_the_epps_choice_is_recorded_as_it_is_not_placed_again() -> None:
+    """The turn went to the EPP's choice, so its KV cache is there: the hint says so.
+
+    Even when the router's table, by the time the create runs, would place the session
+    elsewhere (here its worker has filled up): the operator admits the hint or says why
+    not (sessionfleet.policy.placement.admit_or_place), the front never places twice.
+    """
+    table = fleet([session("other", "w-2")])
+    table.apply_worker(worker("w-2", "10.0.0.2", max_sessions=1))  # full now
+    kube = FakeKube()
+    creator = SessionCreator(
+        kube, "ns", table, RouterMetrics(table), replica="epp", timeout=5, retry_after=1
+    )
+    identity = Identity("new-1", None, SessionClient.HEADER, final=False, header="x-session-id")
+    view, created = await creator.ensure(identity, "m", placed="w-2")
+    assert created and view.worker == "w-2"
+    assert kube.obj("agentsessions", view.name)["spec"]["workerHint"] == "w-2"
+    view, created = await creator.ensure(replace(identity, session_id="new-2"), "m")
+    assert created and view.worker not in (None, "w-2")  # the router's own turn: placed
 
 
 @pytest.mark.parametrize("mode", [MODES.FULL_DUPLEX_STREAMED, MODES.BUFFERED])

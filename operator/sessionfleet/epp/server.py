@@ -139,7 +139,7 @@ class Processor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
 
         async def create() -> None:
             try:
-                await creator.ensure(new.identity, new.model, hint=new.worker)
+                await creator.ensure(new.identity, new.model, placed=new.worker)
             except RouterError as error:
                 logger.warning("session %s not recorded: %s", new.identity.session_id, error)
             finally:

@@ -51,7 +51,13 @@ from sessionfleet.policy import holds
 from sessionfleet.policy.drain import PolicyChoice, resolve_policy
 from sessionfleet.policy.handshake import acks_of
 from sessionfleet.policy.holds import holds_worker, takes_new_sessions
-from sessionfleet.policy.placement import Placement, PlacementRequest, WorkerLoad, place
+from sessionfleet.policy.placement import (
+    Placement,
+    PlacementRequest,
+    WorkerLoad,
+    admit_or_place,
+    place,
+)
 from sessionfleet.resources.labels import WORKER_LABEL
 
 Body = Mapping[str, Any]
@@ -700,11 +706,11 @@ def placement_now(snap: Snapshot, session: AgentSession) -> Placement:
     request = PlacementRequest(
         model=session.spec.model,
         pin=session.spec.worker_pin,
-        hint=session.spec.worker_hint,
         parent_worker=parent,
         expected_tokens=context_tokens(session),
     )
-    return place(request, loads(snap, session.metadata.namespace))
+    workers = loads(snap, session.metadata.namespace)
+    return admit_or_place(request, workers, hint=session.spec.worker_hint)
 
 
 def serving(snap: Snapshot, namespace: str, model: str) -> list[InferenceWorker]:
