@@ -7,11 +7,12 @@ cache is built there) and records that choice as the AgentSession's ``spec.worke
 The operator does not rank the workers again for such a session: it **admits** the hint
 (:func:`admit_or_place`), binding the session where its first turn already runs, as long
 as that worker still takes new sessions and has room under the operator's own count of
-pinned sessions. That count is the authoritative one: every bind, from whichever front
-replica's session, passes through it, while each front only sees the sessions the watch
-has shown it so far. Only a session with no hint (created with kubectl or GitOps) or
-one whose hint the operator cannot admit is placed by the operator, with the same
-:func:`place`, and the refusal is said in its status (``kubectl describe``).
+pinned sessions and their prefix tokens. That count is the authoritative one: every
+bind, from whichever front replica's session, passes through it, while each front only
+sees the sessions the watch has shown it so far. Only a session with no hint (created
+with kubectl or GitOps) or one whose hint the operator cannot admit is placed by the
+operator, with the same :func:`place`, and the refusal is said in its status
+(``kubectl describe``).
 
 Affinity is soft for placement and hard afterwards: placement runs once, for a
 session's first turn (or when the operator migrates it); every later turn goes back
@@ -172,11 +173,7 @@ def admit_or_place(
     """
     if request.pin is not None or hint is None:
         return place(request, workers, ranked=ranked)
-    hinted = None
-    for worker in workers:
-        if worker.name == hint:
-            hinted = worker
-            break
+    hinted = next((worker for worker in workers if worker.name == hint), None)
     refusal = hint_refusal(request, hint, hinted)
     if refusal is None:
         return Placement(
