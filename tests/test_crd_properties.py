@@ -101,7 +101,13 @@ from sessionfleet.policy.drain import (
 )
 from sessionfleet.policy.handshake import RouterLease, handshake, stamp
 from sessionfleet.policy.observed import NodeState, PodState
-from sessionfleet.policy.placement import Placement, PlacementRequest, WorkerLoad, place
+from sessionfleet.policy.placement import (
+    Placement,
+    PlacementRequest,
+    WorkerLoad,
+    admit_or_place,
+    place,
+)
 from sessionfleet.policy.recovery import RecoveryBlock
 from sessionfleet.policy.sessions import SessionDecision, WorkerBrief, decide_session
 from sessionfleet.policy.worker import WorkerObservation, WorkerPlan, plan_worker, pod_name
@@ -807,12 +813,12 @@ def test_session_decisions_never_raise(
     request = PlacementRequest(
         model=state.model,
         pin=state.pin,
-        hint=state.hint,
         parent_worker=state.worker,
         expected_tokens=state.context_tokens,
         exclude=frozenset({state.worker} if state.worker else ()),
     )
     assert isinstance(place(request, loads), Placement)
+    assert isinstance(admit_or_place(request, loads, hint=state.hint), Placement)
     if state.migrating_since is not None and state.phase is SessionPhase.MIGRATING:
         handshake(
             state.migrating_since, stamp(state.migrating_since), dict(state.acks), leases, now

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import grpc
@@ -27,15 +27,19 @@ from epp_fakes import (
     response_headers,
     session,
     sse_chunks,
+    worker,
 )
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from router_fakes import FakeKube
 
+from sessionfleet.api import SessionClient
 from sessionfleet.epp.picker import PickerConfig
 from sessionfleet.epp.protocol import ExchangeSettings
 from sessionfleet.epp.server import SERVICE_NAME, EppSettings, Health, Processor, grpc_server
 from sessionfleet.router.admission import SessionRates
 from sessionfleet.router.bindings import BindingTable
-from sessionfleet.router.identity import session_object_name
+from sessionfleet.router.identity import Identity, session_object_name
+from sessionfleet.router.kubesync import SessionCreator
 from sessionfleet.router.ledger import UsageLedger
 from sessionfleet.router.metrics import RouterMetrics
 from sessionfleet.router.requester import FAIRNESS_HEADER
@@ -285,10 +289,10 @@ async def test_new_session_is_recorded_in_the_background_with_the_choice_as_hint
     release = asyncio.Event()
 
     class Creator:
-        async def ensure(self, identity: Any, model: str, *, hint: str | None = None) -> Any:
-            calls.append((identity.session_id, model, hint))
+        async def ensure(self, identity: Any, model: str, *, placed: str | None = None) -> Any:
+            calls.append((identity.session_id, model, placed))
             await release.wait()  # the API server is slow: the answer does not wait for it
-            table.apply_session(session(identity.session_id, hint))
+            table.apply_session(session(identity.session_id, placed))
 
     bed.processor.creator = Creator()  # type: ignore[assignment]
     try:
@@ -315,6 +319,27 @@ async def test_new_session_is_recorded_in_the_background_with_the_choice_as_hint
         await server.stop(None)
 
 
+async def test_the_epps_choice_is_recorded_as_it_is_not_placed_again() -> None:
+    """The turn went to the EPP's choice, so its KV cache is there: the hint says so.
+
+    Even when the router's table, by the time the create runs, would place the session
+    elsewhere (here its worker has filled up): the operator admits the hint or says why
+    not (sessionfleet.policy.placement.admit_or_place), the front never places twice.
+    """
+    table = fleet([session("other", "w-2")])
+    table.apply_worker(worker("w-2", "10.0.0.2", max_sessions=1))  # full now
+    kube = FakeKube()
+    creator = SessionCreator(
+        kube, "ns", table, RouterMetrics(table), replica="epp", timeout=5, retry_after=1
+    )
+    identity = Identity("new-1", None, SessionClient.HEADER, final=False, header="x-session-id")
+    view, created = await creator.ensure(identity, "m", placed="w-2")
+    assert created and view.worker == "w-2"
+    assert kube.obj("agentsessions", view.name)["spec"]["workerHint"] == "w-2"
+    view, created = await creator.ensure(replace(identity, session_id="new-2"), "m")
+    assert created and view.worker not in (None, "w-2")  # the router's own turn: placed
+
+
 @pytest.mark.parametrize("mode", [MODES.FULL_DUPLEX_STREAMED, MODES.BUFFERED])
 async def test_the_envoy_replay_client_counts_the_turn_in_flight_until_the_stream_ends(
     bed: Bed, mode: int
@@ -327,19 +352,59 @@ async def test_the_envoy_replay_client_counts_the_turn_in_flight_until_the_strea
     seen: list[tuple[str, dict[str, str], bytes, int]] = []
 
     async def forward(endpoint: str, headers: dict[str, str], body: bytes) -> Upstream:
-        seen.append((endpoint, headers, body, bed.processor.session_turns[NAME]))
+        seen.append((endpoint, headers, body, bed.processor.turns.sessions.get(NAME, 0)))
         return Upstream(200, {"content-type": "text/event-stream"}, sse_chunks())
 
-    bed.processor.turn_ended.clear()
+    bed.processor.turns.ended_event.clear()
     turn = await Envoy(bed.channel).turn(SID, chat_body(), forward, mode=mode, chunk=40)
     assert turn.destination == ["10.0.0.2:8000"] and turn.immediate is None
     ((endpoint, headers, body, in_flight),) = seen
     assert (endpoint, body, in_flight) == ("10.0.0.2:8000", chat_body(), 1)
     assert headers["x-sessionfleet-session-id"] == "task-42"
     assert turn.body == b"".join(sse_chunks())
-    assert bed.processor.session_turns[NAME] == 0 and bed.processor.turn_ended.is_set()
+    assert NAME not in bed.processor.turns.sessions and bed.processor.turns.ended_event.is_set()
     pending = bed.processor.ledger.pending(NAME)
     assert pending is not None and pending.turns == 1
+
+
+async def test_the_first_of_two_overlapping_turns_ending_is_no_turn_boundary(bed: Bed) -> None:
+    """The migration handshake hears "turn ended" only when the session's last turn ends.
+
+    Two turns of one session are in flight through the EPP; the first one's end must not
+    wake the acknowledger as if the session were at a turn boundary (it used to).
+    """
+    gates = [asyncio.Event(), asyncio.Event()]
+    arrived: list[int] = []
+    turns = bed.processor.turns
+
+    async def forward(endpoint: str, headers: dict[str, str], body: bytes) -> Upstream:
+        mine = len(arrived)
+        arrived.append(mine)
+        await gates[mine].wait()
+        return Upstream(200, {"content-type": "application/json"}, [completion()])
+
+    async def until(check: Any) -> None:
+        for _ in range(500):
+            if check():
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError("not reached")
+
+    envoy = Envoy(bed.channel)
+    first = asyncio.ensure_future(envoy.turn(SID, chat_body(), forward))
+    await until(lambda: len(arrived) == 1)
+    second = asyncio.ensure_future(envoy.turn(SID, chat_body(), forward))
+    await until(lambda: len(arrived) == 2)
+    assert turns.sessions.get(NAME) == 2
+    turns.ended_event.clear()
+    gates[0].set()
+    await first
+    await until(lambda: turns.sessions.get(NAME) == 1)
+    assert not turns.ended_event.is_set()
+    gates[1].set()
+    await second
+    await until(lambda: NAME not in turns.sessions)
+    assert turns.ended_event.is_set() and bed.table.workers["w-2"].in_flight == 0
 
 
 async def test_one_client_at_the_new_session_limit_does_not_stop_another() -> None:

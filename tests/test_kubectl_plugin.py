@@ -604,6 +604,10 @@ def test_explain_bound_restoring_finished_and_lost_sessions() -> None:
     assert "lost: WorkerDeleted: worker x was deleted" in texts["l"]
 
 
+REFUSED_HINT = "the hinted worker w was not admitted: it serves m, not nope"
+"""The operator's preview says why it would not bind the session where its hint says."""
+
+
 def test_explain_as_data_of_a_pending_session() -> None:
     snap = snapshot(
         [ready("w")],
@@ -651,12 +655,12 @@ def test_explain_as_data_of_a_pending_session() -> None:
             "Why: not bound: NoReadyWorker: no Ready worker serves nope",
             "(No Ready worker serves the session's model.)",
             "Workers: no worker in ns serves nope; the workers here serve m",
-            "Now: still no place: no Ready worker serves nope",
+            "Now: still no place: no Ready worker serves nope; " + REFUSED_HINT,
         ],
         "placementNow": {
             "worker": None,
             "reason": "NoReadyWorker",
-            "message": "no Ready worker serves nope",
+            "message": "no Ready worker serves nope; " + REFUSED_HINT,
         },
         "acknowledgedBy": None,
         "migrations": [],

@@ -1,4 +1,4 @@
-"""Placement: pins, hints, parent affinity, load balance and the reasons for none."""
+"""Placement: pins, parent affinity, load balance, the reasons for none; admitting a hint."""
 
 from __future__ import annotations
 
@@ -8,7 +8,13 @@ from dataclasses import replace
 import pytest
 
 from sessionfleet.api import Reason
-from sessionfleet.policy.placement import RANK, PlacementRequest, WorkerLoad, place
+from sessionfleet.policy.placement import (
+    RANK,
+    PlacementRequest,
+    WorkerLoad,
+    admit_or_place,
+    place,
+)
 
 M = "qwen"
 
@@ -44,10 +50,6 @@ def w(name: str, pinned: int = 0, cap: int = 10, **kw: object) -> WorkerLoad:
             "c",
             Reason.BOUND,
         ),
-        # hint honoured when it has room, even if busier
-        (PlacementRequest(M, hint="a"), [w("a", 8), w("b", 0)], "a", Reason.BOUND),
-        # hint ignored when full
-        (PlacementRequest(M, hint="a"), [w("a", 10), w("b", 4)], "b", Reason.BOUND),
         # parent's worker for a child
         (PlacementRequest(M, parent_worker="a"), [w("a", 6), w("b", 0)], "a", Reason.BOUND),
         # parent's worker full: least loaded
@@ -62,13 +64,8 @@ def w(name: str, pinned: int = 0, cap: int = 10, **kw: object) -> WorkerLoad:
             Reason.PINNED_WORKER_UNAVAILABLE,
         ),
         (PlacementRequest(M, pin="zz"), [w("b", 0)], None, Reason.PINNED_WORKER_UNAVAILABLE),
-        # excluded workers (being drained) are never chosen, even as hint
-        (
-            PlacementRequest(M, hint="a", exclude=frozenset({"a"})),
-            [w("a", 0), w("b", 5)],
-            "b",
-            Reason.BOUND,
-        ),
+        # excluded workers (being drained) are never chosen
+        (PlacementRequest(M, exclude=frozenset({"a"})), [w("a", 0), w("b", 5)], "b", Reason.BOUND),
         # nothing Ready
         (PlacementRequest(M), [w("a", 0, ready=False)], None, Reason.NO_READY_WORKER),
         (PlacementRequest(M), [], None, Reason.NO_READY_WORKER),
@@ -133,11 +130,77 @@ def test_placing_from_workers_in_rank_order_chooses_as_looking_at_every_worker()
         request = PlacementRequest(
             M,
             pin=rng.choice([None] * 6 + names),
-            hint=rng.choice([None] * 3 + names),
             parent_worker=rng.choice([None] * 3 + names),
             expected_tokens=rng.randrange(400),
             exclude=frozenset(rng.sample(names, rng.randrange(2))),
         )
+        hint = rng.choice([None] * 3 + names)
         shuffled = rng.sample(workers, len(workers))
-        ranked = place(request, sorted(workers, key=RANK), ranked=True)
+        in_rank_order = sorted(workers, key=RANK)
+        ranked = place(request, in_rank_order, ranked=True)
         assert ranked == place(request, shuffled), f"case {case}: {request} {workers}"
+        admitted = admit_or_place(request, in_rank_order, hint=hint, ranked=True)
+        assert admitted == admit_or_place(request, shuffled, hint=hint), f"case {case}: {hint}"
+
+
+HINT_REFUSALS = [
+    # (the hinted worker as the operator counts it, why it is refused)
+    (None, "is no valid InferenceWorker of the session's namespace"),
+    (w("a", 0, model="other"), "serves other, not qwen"),
+    (w("a", 0, ready=False), "takes no new sessions (not Ready, or asked to drain)"),
+    (w("a", 10), "is full (10 of 10 sessions)"),
+    (
+        w("a", 1, kv_tokens_capacity=100, kv_tokens_pinned=90),
+        "is full (90 of 100 KV tokens held, 20 more expected)",
+    ),
+    (w("a", 1, kv_usage=1.0), "is full (its KV cache is in full use)"),
+]
+
+
+@pytest.mark.parametrize(("hinted", "why"), HINT_REFUSALS)
+def test_a_refused_hint_is_placed_again_and_says_why(hinted: WorkerLoad | None, why: str) -> None:
+    """kubectl describe says why a session is not bound where its first turn went."""
+    workers = [w("b", 6), w("c", 2)] + ([hinted] if hinted is not None else [])
+    placement = admit_or_place(PlacementRequest(M, expected_tokens=20), workers, hint="a")
+    assert (placement.worker, placement.reason) == ("c", Reason.BOUND)
+    assert placement.message == (
+        f"placed on the least-loaded worker c; the hinted worker a was not admitted: it {why}"
+    )
+
+
+def test_a_hint_with_room_is_admitted_though_the_operator_would_rank_another_first() -> None:
+    """The front placed the first turn there and its KV cache is there: no second ranking."""
+    workers = [w("a", 8), w("b", 0)]
+    assert place(PlacementRequest(M), workers).worker == "b"
+    placement = admit_or_place(PlacementRequest(M, parent_worker="b"), workers, hint="a")
+    assert (placement.worker, placement.reason) == ("a", Reason.BOUND)
+    assert placement.message == "admitted to the hinted worker a, where its first turn went"
+
+
+def test_a_refused_hint_falls_back_to_the_parents_worker_then_the_least_loaded() -> None:
+    workers = [w("a", 10), w("b", 6), w("c", 2)]
+    child = admit_or_place(PlacementRequest(M, parent_worker="b"), workers, hint="a")
+    assert child.worker == "b" and child.message.startswith("placed on the parent's worker b;")
+    excluded = PlacementRequest(M, exclude=frozenset({"a"}))
+    assert admit_or_place(excluded, [w("a", 0), w("c", 2)], hint="a").message.endswith(
+        "the hinted worker a was not admitted: it is excluded"
+    )
+
+
+def test_a_pin_wins_over_a_hint_and_no_room_anywhere_keeps_the_refusal() -> None:
+    workers = [w("a", 0), w("b", 0)]
+    pinned = admit_or_place(PlacementRequest(M, pin="b"), workers, hint="a")
+    assert (pinned.worker, pinned.message) == ("b", "pinned to worker b")
+    full = [w("a", 10), w("b", 10)]
+    waits = admit_or_place(PlacementRequest(M), full, hint="a", ranked=True)
+    assert (waits.worker, waits.reason) == (None, Reason.NO_CAPACITY)
+    assert waits.message == (
+        "all 2 Ready qwen workers are at capacity; "
+        "the hinted worker a was not admitted: it is full (10 of 10 sessions)"
+    )
+
+
+def test_without_a_hint_the_operator_places_exactly_as_the_front() -> None:
+    workers = [w("a", 5), w("b", 2), w("c", 7)]
+    for request in (PlacementRequest(M), PlacementRequest(M, parent_worker="c")):
+        assert admit_or_place(request, workers, hint=None) == place(request, workers)

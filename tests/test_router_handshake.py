@@ -3,18 +3,24 @@
 from __future__ import annotations
 
 import asyncio
-from collections import Counter
 from typing import Any
 
 from router_fakes import FakeKube
 
 from sessionfleet.kube import LEASES
 from sessionfleet.resources.leases import LeaseSlots
-from sessionfleet.router.bindings import BindingTable
+from sessionfleet.router.bindings import BindingTable, WorkerView
 from sessionfleet.router.handshake import ACKS_AT_ONCE, Acknowledger, LeaseKeeper
+from sessionfleet.router.metrics import RouterMetrics
+from sessionfleet.router.turns import Turns
 
 SINCE = "2026-11-29T12:00:00.123456Z"
+WORKER = WorkerView("w", "m", "Ready", "http://127.0.0.1:1", 8, 0, 0.0)
 ACK = "ack.sessionfleet.dev/r1"
+
+
+def turns_of(table: BindingTable) -> Turns:
+    return Turns(table, RouterMetrics(table))
 
 
 def migrating(name: str = "s1") -> dict[str, Any]:
@@ -26,10 +32,10 @@ def migrating(name: str = "s1") -> dict[str, Any]:
 
 
 async def test_a_session_with_no_turn_in_flight_is_acknowledged_once() -> None:
-    kube, table, turns = FakeKube(), BindingTable(), Counter[str]()
+    kube, table = FakeKube(), BindingTable()
     kube.put("agentsessions", migrating())
     table.apply_session(kube.obj("agentsessions", "s1"))
-    acknowledger = Acknowledger(kube, "ns", "r1", table, turns, asyncio.Event())  # type: ignore[arg-type]
+    acknowledger = Acknowledger(kube, "ns", "r1", table, turns_of(table))  # type: ignore[arg-type]
     assert acknowledger.pending() == [("s1", SINCE)]
     await acknowledger.acknowledge("s1", SINCE)
     assert kube.obj("agentsessions", "s1")["metadata"]["annotations"][ACK] == SINCE
@@ -37,17 +43,16 @@ async def test_a_session_with_no_turn_in_flight_is_acknowledged_once() -> None:
 
 
 async def test_a_turn_in_flight_delays_the_acknowledgement() -> None:
-    kube, table, turns = FakeKube(), BindingTable(), Counter[str]()
+    kube, table = FakeKube(), BindingTable()
     kube.put("agentsessions", migrating())
     table.apply_session(kube.obj("agentsessions", "s1"))
-    ended = asyncio.Event()
-    acknowledger = Acknowledger(kube, "ns", "r1", table, turns, ended)  # type: ignore[arg-type]
-    turns["s1"] = 1
+    turns = turns_of(table)
+    acknowledger = Acknowledger(kube, "ns", "r1", table, turns)  # type: ignore[arg-type]
+    turns.started(WORKER, "s1")
     task = asyncio.create_task(acknowledger.run())
     await asyncio.sleep(0.2)
     assert ACK not in kube.obj("agentsessions", "s1")["metadata"].get("annotations", {})
-    del turns["s1"]
-    ended.set()
+    turns.ended(WORKER, "s1")  # the session's last turn here: the acknowledger wakes
     for _ in range(50):
         await asyncio.sleep(0.02)
         if ACK in kube.obj("agentsessions", "s1")["metadata"].get("annotations", {}):
@@ -67,7 +72,7 @@ async def test_bound_sessions_and_old_acknowledgements() -> None:
     stale = migrating("o")
     stale["metadata"]["annotations"] = {ACK: "2026-11-29T10:00:00Z"}
     table.apply_session(stale)
-    acknowledger = Acknowledger(kube, "ns", "r1", table, Counter(), asyncio.Event())  # type: ignore[arg-type]
+    acknowledger = Acknowledger(kube, "ns", "r1", table, turns_of(table))  # type: ignore[arg-type]
     assert acknowledger.pending() == [("o", SINCE)]
 
 
@@ -206,7 +211,7 @@ async def test_a_drains_acknowledgements_go_out_together_a_bounded_number_at_onc
     for name in names:
         kube.put("agentsessions", migrating(name))
         table.apply_session(kube.obj("agentsessions", name))
-    acknowledger = Acknowledger(kube, "ns", "r1", table, Counter(), asyncio.Event())  # type: ignore[arg-type]
+    acknowledger = Acknowledger(kube, "ns", "r1", table, turns_of(table))  # type: ignore[arg-type]
     task = asyncio.create_task(acknowledger.run())
     while acknowledger.pending():
         await asyncio.sleep(0.01)

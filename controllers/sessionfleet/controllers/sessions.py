@@ -30,7 +30,7 @@ from sessionfleet.controllers.records import WorkerRecord
 from sessionfleet.kube import SESSIONS, Conflict, KubeError, NotFound
 from sessionfleet.policy.events import EventType, Notice
 from sessionfleet.policy.migration import MigrationAction, plan_migration
-from sessionfleet.policy.placement import PlacementRequest, place
+from sessionfleet.policy.placement import PlacementRequest, admit_or_place
 from sessionfleet.policy.sessions import (
     Action,
     SessionDecision,
@@ -184,21 +184,28 @@ async def _act(
 
 
 async def bind(fleet: Fleet, session: SessionState, now: datetime) -> None:
-    """Place a new session and bind it, or record why it must wait."""
+    """Bind a new session, or record why it must wait.
+
+    A session a router or the EPP created arrives with the worker its first turn went
+    to as its hint: that worker is admitted if it still takes new sessions and has room
+    under this operator's count (:func:`~sessionfleet.policy.placement.admit_or_place`),
+    without ranking the workers again. Only a session with no hint, or whose hint is
+    refused, is placed here.
+    """
     parent_worker = (
         fleet.sessions.worker_of_session_id(session.namespace, session.parent_session_id)
         if session.parent_session_id
         else None
     )
-    placement = place(
+    placement = admit_or_place(
         PlacementRequest(
             model=session.model,
             pin=session.pin,
-            hint=session.hint,
             parent_worker=parent_worker,
             expected_tokens=session.context_tokens,
         ),
         fleet.loads(session.namespace),
+        hint=session.hint,
         ranked=True,
     )
     if placement.worker is None:

@@ -6,7 +6,9 @@ fed the stream's messages and answered with what it returns. Around it:
 * a held session's request (Migrating, Restoring, its worker not serving) waits for a
   change of the bindings at most ``hold_timeout`` seconds, then is answered 503
   ``session_held`` with ``Retry-After`` (docs/epp.md, "Held sessions"; the default is
-  not to wait, since Envoy's ``message_timeout`` is 200 ms unless configured);
+  not to wait, since Envoy's ``message_timeout`` is 200 ms unless configured); turns
+  are held and counted by the router's own :class:`~sessionfleet.router.turns.Turns`,
+  so both fronts signal the migration handshake alike;
 * the AgentSession of a new session is created in the background with the EPP's choice
   as ``workerHint`` (:class:`sessionfleet.router.kubesync.SessionCreator`): the answer
   to Envoy never waits for the API server;
@@ -23,7 +25,6 @@ import asyncio
 import logging
 import signal
 import time
-from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -42,6 +43,7 @@ from sessionfleet.router.handshake import Acknowledger, LeaseKeeper
 from sessionfleet.router.kubesync import Flusher, SessionCreator, watch_sessions, watch_workers
 from sessionfleet.router.ledger import UsageLedger, turn_totals
 from sessionfleet.router.metrics import RouterMetrics
+from sessionfleet.router.turns import Turns
 from sessionfleet.supervise import EXIT_TASK_FAILED, Supervisor
 
 logger = logging.getLogger("sessionfleet.epp")
@@ -88,9 +90,8 @@ class Processor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         self.metrics = metrics
         self.creator = creator
         self.flusher = flusher
-        self.session_turns: Counter[str] = Counter()
-        """Turns in flight per AgentSession name, for the migration handshake."""
-        self.turn_ended = asyncio.Event()
+        self.turns = Turns(table, metrics)
+        """Turns in flight here and their holds; the migration handshake reads them."""
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def Process(  # the gRPC method's name
@@ -107,9 +108,7 @@ class Processor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                     answers = await self._hold(exchange)
                 if exchange.route is not None and counted is None:
                     counted = exchange.route
-                    counted.workers[0].in_flight += 1
-                    if counted.session is not None:
-                        self.session_turns[counted.session] += 1
+                    self.turns.started(counted.workers[0], counted.session)
                     if counted.new is not None and counted.session is not None:
                         self._create(counted.session, counted.new)
                 for answer in answers:
@@ -119,35 +118,18 @@ class Processor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         finally:
             self.metrics.in_flight.dec()
             if counted is not None:
-                counted.workers[0].in_flight -= 1
-                if counted.session is not None:
-                    self.session_turns[counted.session] -= 1
-                    if self.session_turns[counted.session] <= 0:
-                        del self.session_turns[counted.session]
-                    self.turn_ended.set()
+                self.turns.ended(counted.workers[0], counted.session)
             self._account(exchange, counted)
 
     async def _hold(self, exchange: Exchange) -> list[Any]:
-        loop = asyncio.get_running_loop()
-        started = loop.time()
-        deadline = started + self.settings.hold_timeout
-        self.metrics.held.inc()
-        try:
-            while True:
-                remaining = deadline - loop.time()
-                if remaining <= 0:
-                    self.metrics.holds.labels("timeout").inc()
-                    return exchange.give_up(self.settings.hold_timeout)
-                try:
-                    await asyncio.wait_for(self.table.changed().wait(), remaining)
-                except TimeoutError:
-                    pass
-                answers = exchange.retry(time.monotonic())
-                if not exchange.waiting:
-                    self.metrics.holds.labels("released").inc()
-                    return answers
-        finally:
-            self.metrics.held.dec()
+        def retry() -> list[Any] | None:
+            answers = exchange.retry(time.monotonic())
+            return None if exchange.waiting else answers
+
+        answers = await self.turns.hold(retry, self.settings.hold_timeout)
+        if answers is None:
+            return exchange.give_up(self.settings.hold_timeout)
+        return answers
 
     def _create(self, name: str, new: NewSession) -> None:
         """Record a new session in the background (off the hot path)."""
@@ -157,7 +139,7 @@ class Processor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
 
         async def create() -> None:
             try:
-                await creator.ensure(new.identity, new.model, hint=new.worker)
+                await creator.ensure(new.identity, new.model, placed=new.worker)
             except RouterError as error:
                 logger.warning("session %s not recorded: %s", new.identity.session_id, error)
             finally:
@@ -262,8 +244,7 @@ async def serve(kube: Kube, settings: EppSettings, host: str, port: int, metrics
         settings.namespace,
         settings.replica,
         table,
-        processor.session_turns,
-        processor.turn_ended,
+        processor.turns,
     )
     supervisor.start("lease keeper", lease.run())
     supervisor.start("migration acknowledger", acknowledger.run())

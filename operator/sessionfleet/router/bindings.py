@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from sessionfleet.api import SessionPhase, WorkerPhase
-from sessionfleet.policy.holds import holds_worker, takes_new_sessions
+from sessionfleet.policy.holds import context_tokens, holds_worker, takes_new_sessions
 from sessionfleet.policy.placement import WorkerLoad
 from sessionfleet.resources.labels import (
     CREATED_BY_ANNOTATION,
@@ -116,6 +116,11 @@ class SessionView:
         """Whether it counts against its worker's capacity."""
         return holds_worker(self.worker, self.phase)
 
+    @property
+    def context_tokens(self) -> int:
+        """The prefix it is estimated to hold in its worker's KV cache, in tokens."""
+        return context_tokens(self.usage.prompt_tokens, self.usage.turns)
+
     @classmethod
     def from_object(cls, obj: Mapping[str, Any]) -> SessionView:
         """Read an AgentSession as the API server returns it."""
@@ -161,6 +166,8 @@ class BindingTable:
         """The Migrating sessions, which the handshake reads on every change: a drain's
         few hundred among tens of thousands."""
         self._pinned: Counter[str] = Counter()
+        self._tokens: Counter[str] = Counter()
+        """The pinned sessions' prefix tokens, by worker (as the operator counts them)."""
         self._turn = itertools.count()
         self._changed = asyncio.Event()
         self.workers_synced = False
@@ -196,9 +203,11 @@ class BindingTable:
     def loads(self) -> list[WorkerLoad]:
         """Every worker as the placement function sees it.
 
-        Pinned sessions are counted from the sessions this router sees, which includes
-        the ones it created a moment ago (the worker's own ``pinnedSessions`` status
-        lags until the operator's next write).
+        Pinned sessions and their prefix tokens are counted from the sessions this router
+        sees, which includes the ones it created a moment ago (the worker's own
+        ``pinnedSessions`` status lags until the operator's next write), by the same
+        rules as the operator's count (:mod:`sessionfleet.policy.holds`): a worker this
+        router finds full, the operator would not admit as the session's hint either.
         """
         return [
             WorkerLoad(
@@ -208,6 +217,7 @@ class BindingTable:
                 pinned_sessions=self._pinned[w.name],
                 max_sessions=w.max_sessions,
                 kv_tokens_capacity=w.kv_tokens,
+                kv_tokens_pinned=self._tokens[w.name],
                 kv_usage=w.kv_usage,
             )
             for w in self.workers.values()
@@ -315,6 +325,7 @@ class BindingTable:
         self._sessions.clear()
         self._migrating.clear()
         self._pinned.clear()
+        self._tokens.clear()
         for view in views:
             self._add_session(view)
         self.sessions_synced = True
@@ -326,6 +337,7 @@ class BindingTable:
             self._migrating[view.name] = view
         if view.pins_worker and view.worker is not None:
             self._pinned[view.worker] += 1
+            self._tokens[view.worker] += view.context_tokens
 
     def _drop_session(self, name: str) -> SessionView | None:
         previous = self._sessions.pop(name, None)
@@ -334,6 +346,8 @@ class BindingTable:
         self._migrating.pop(name, None)
         if previous.pins_worker and previous.worker is not None:
             self._pinned[previous.worker] -= 1
+            self._tokens[previous.worker] -= previous.context_tokens
             if self._pinned[previous.worker] <= 0:
                 del self._pinned[previous.worker]
+                del self._tokens[previous.worker]
         return previous

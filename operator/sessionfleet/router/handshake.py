@@ -6,9 +6,11 @@
   them, see :mod:`sessionfleet.resources.leases`);
 * :class:`Acknowledger` watches the binding table: for every Migrating session that
   has no turn in flight through this replica, it writes the acknowledgement
-  ``ack.sessionfleet.dev/<replica>: <migratingSince>``. The proxy holds the session's
+  ``ack.sessionfleet.dev/<replica>: <migratingSince>``. The front holds the session's
   next turns meanwhile (Migrating is a held phase), so once acknowledged no new turn
-  can start here until the operator has rebound the session.
+  can start here until the operator has rebound the session. Turns are counted and
+  held by the front's :class:`~sessionfleet.router.turns.Turns`, the same in the router
+  and the EPP.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import Counter
 from datetime import UTC, datetime
 from typing import Any, Final
 
@@ -32,6 +33,7 @@ from sessionfleet.resources.leases import (
 )
 from sessionfleet.resources.sessions import acknowledgement_patch
 from sessionfleet.router.bindings import BindingTable
+from sessionfleet.router.turns import Turns
 
 logger = logging.getLogger("sessionfleet.router")
 
@@ -176,15 +178,13 @@ class Acknowledger:
         namespace: str,
         replica: str,
         table: BindingTable,
-        in_flight: Counter[str],
-        turn_ended: asyncio.Event,
+        turns: Turns,
     ) -> None:
         self.kube = kube
         self.namespace = namespace
         self.key = f"{ACK_PREFIX}{replica}"
         self.table = table
-        self.in_flight = in_flight
-        self.turn_ended = turn_ended
+        self.turns = turns
         self._acknowledged: set[tuple[str, str]] = set()
 
     def pending(self) -> list[tuple[str, str]]:
@@ -196,7 +196,7 @@ class Acknowledger:
                 continue
             if session.acks.get(self.key) == since or (session.name, since) in self._acknowledged:
                 continue
-            if self.in_flight[session.name] == 0:
+            if not self.turns.sessions.get(session.name):
                 due.append((session.name, since))
         return due
 
@@ -229,8 +229,8 @@ class Acknowledger:
         while True:
             await asyncio.gather(*(one(name, since) for name, since in self.pending()))
             changed = asyncio.ensure_future(self.table.changed().wait())
-            ended = asyncio.ensure_future(self.turn_ended.wait())
+            ended = asyncio.ensure_future(self.turns.ended_event.wait())
             await asyncio.wait({changed, ended}, timeout=1.0, return_when=asyncio.FIRST_COMPLETED)
             for waiter in (changed, ended):
                 waiter.cancel()
-            self.turn_ended.clear()
+            self.turns.ended_event.clear()

@@ -3,8 +3,11 @@
 * :func:`watch_workers` and :func:`watch_sessions` keep the :class:`BindingTable`
   current (LIST, then WATCH; a fresh LIST after a broken or expired watch);
 * :class:`SessionCreator` records a new session: it places it with the shared
-  placement function, creates the AgentSession with that choice as ``workerHint`` and,
-  when another replica created it first (409), adopts the existing binding. This is
+  placement function (the EPP has placed it already), creates the AgentSession with
+  that choice as ``workerHint`` and, when another replica created it first (409),
+  adopts the existing binding. The front is the session's one placer: the operator
+  admits the hint rather than placing again
+  (:func:`~sessionfleet.policy.placement.admit_or_place`). This is
   the only API call a turn can wait for, and only a session's first turn does — and,
   once per replica, the first turn of a session another replica created that no usage
   write shows served yet (the claim, :func:`must_claim`);
@@ -145,15 +148,16 @@ class SessionCreator:
         *,
         owner: str | None = None,
         requester: str = "",
-        hint: str | None = None,
+        placed: str | None = None,
     ) -> tuple[SessionView, bool]:
         """Return the session's view and whether this call created the session.
 
         ``owner`` is the authenticated client (None without authentication);
         ``requester`` is who the new-session rate limit counts against. Concurrent first
-        turns of one session in this replica share one create. ``hint`` is a worker
-        already chosen with :func:`place` (the EPP answers before the create, docs/epp.md):
-        placement keeps it while it has room.
+        turns of one session in this replica share one create. ``placed`` is the worker
+        the EPP already chose with :func:`place` and sent the turn to (it answers before
+        the create, docs/epp.md): it is recorded as it is, since the session's KV cache
+        is being built there; the operator admits it or says why not.
         """
         name = session_object_name(identity.session_id, owner)
         while (discarding := self._discarding.get(name)) is not None:
@@ -184,7 +188,7 @@ class SessionCreator:
         future: asyncio.Future[SessionView] = asyncio.get_running_loop().create_future()
         self._creating[name] = future
         try:
-            view, created = await self._create(name, identity, model, owner, hint)
+            view, created = await self._create(name, identity, model, owner, placed)
         except BaseException as error:
             future.set_exception(error)
             future.exception()  # retrieved: no "never retrieved" warning without waiters
@@ -196,31 +200,16 @@ class SessionCreator:
             del self._creating[name]
 
     async def _create(
-        self, name: str, identity: Identity, model: str, owner: str | None, hint: str | None
+        self, name: str, identity: Identity, model: str, owner: str | None, placed: str | None
     ) -> tuple[SessionView, bool]:
-        parent = (
-            self._table.session_named(session_object_name(identity.parent_id, owner))
-            if identity.parent_id
-            else None
-        )
-        placement = place(
-            PlacementRequest(
-                model=model, hint=hint, parent_worker=parent.worker if parent else None
-            ),
-            self._table.loads(),
-        )
-        if placement.worker is None:
-            if not self._table.has_model(model):
-                raise RouterError(404, "model_not_found", f"no InferenceWorker serves {model!r}")
-            code = "no_capacity" if placement.reason.value == "NoCapacity" else "no_ready_worker"
-            raise RouterError(503, code, placement.message, retry_after=self._retry_after)
+        worker = placed if placed is not None else self._place(identity, model, owner)
         try:
             body = new_session(
                 name,
                 self._namespace,
                 identity,
                 model,
-                worker_hint=placement.worker,
+                worker_hint=worker,
                 owner=owner,
                 replica=self._replica,
             )
@@ -260,6 +249,24 @@ class SessionCreator:
                 )
             view = claimed
         return view, created
+
+    def _place(self, identity: Identity, model: str, owner: str | None) -> str:
+        """Return the worker for a new session's first turn; 404 or 503 when none."""
+        parent = (
+            self._table.session_named(session_object_name(identity.parent_id, owner))
+            if identity.parent_id
+            else None
+        )
+        placement = place(
+            PlacementRequest(model=model, parent_worker=parent.worker if parent else None),
+            self._table.loads(),
+        )
+        if placement.worker is None:
+            if not self._table.has_model(model):
+                raise RouterError(404, "model_not_found", f"no InferenceWorker serves {model!r}")
+            code = "no_capacity" if placement.reason.value == "NoCapacity" else "no_ready_worker"
+            raise RouterError(503, code, placement.message, retry_after=self._retry_after)
+        return placement.worker
 
     async def _claim(self, view: SessionView) -> SessionView | None:
         """Record that this replica serves ``view`` before it does; None if it is gone.

@@ -19,7 +19,6 @@ import asyncio
 import json
 import logging
 import time
-from collections import Counter
 from dataclasses import dataclass, field
 from time import perf_counter
 from typing import Final
@@ -51,6 +50,7 @@ from sessionfleet.router.limits import IntakeLimits
 from sessionfleet.router.metrics import RouterMetrics
 from sessionfleet.router.requester import FORWARDED_FOR, TrustedProxies, requester_key
 from sessionfleet.router.routing import bound_worker
+from sessionfleet.router.turns import Turns
 
 logger = logging.getLogger("sessionfleet.router")
 
@@ -208,10 +208,8 @@ class Proxy:
         self.flusher = flusher
         self.client = client
         self._urls: dict[tuple[str, str], URL] = {}
-        # Turns in flight per session, and a signal when a session's last one ends: the
-        # handshake acknowledges a migration only at a turn boundary.
-        self.session_turns: Counter[str] = Counter()
-        self.turn_ended = asyncio.Event()
+        self.turns = Turns(table, metrics)
+        """Turns in flight here and their holds; the migration handshake reads them."""
 
     # --- the turn ---------------------------------------------------------------------
 
@@ -241,7 +239,7 @@ class Proxy:
             elif turn.created and turn.session is not None:
                 # The session's first turn got no answer from a worker: nothing of it
                 # is worth keeping for its TTL, unless another turn of it did better.
-                self.creator.discard(turn.session, busy=self.session_turns)
+                self.creator.discard(turn.session, busy=self.turns.sessions)
 
     def _client(self, request: web.Request) -> str | None:
         """Return the authenticated client (None with authentication off); 401 otherwise."""
@@ -332,41 +330,38 @@ class Proxy:
             return decision
         # Hold the turn: the operator is moving or restoring the session, or its
         # worker is coming back. Every change to the table wakes the wait.
-        loop = asyncio.get_running_loop()
+        why = decision
+
+        def retry() -> WorkerView | None:
+            nonlocal why
+            current = self.table.session_named(session.name)
+            if current is None:
+                raise RouterError(
+                    503,
+                    "session_held",
+                    f"session {session.session_id} was deleted while its turn waited",
+                    retry_after=1,
+                )
+            decided = self._decide(current)
+            if isinstance(decided, WorkerView):
+                return decided
+            why = decided
+            return None
+
         started = perf_counter()
-        deadline = loop.time() + self.config.hold_timeout
-        self.metrics.held.inc()
         try:
-            while True:
-                remaining = deadline - loop.time()
-                if remaining <= 0:
-                    self.metrics.holds.labels("timeout").inc()
-                    raise RouterError(
-                        503,
-                        "session_held",
-                        f"session {session.session_id} {decision}; the turn waited "
-                        f"{self.config.hold_timeout:g} s",
-                        retry_after=self.config.retry_after,
-                    )
-                try:
-                    await asyncio.wait_for(self.table.changed().wait(), remaining)
-                except TimeoutError:
-                    pass
-                current = self.table.session_named(session.name)
-                if current is None:
-                    raise RouterError(
-                        503,
-                        "session_held",
-                        f"session {session.session_id} was deleted while its turn waited",
-                        retry_after=1,
-                    )
-                decision = self._decide(current)
-                if isinstance(decision, WorkerView):
-                    self.metrics.holds.labels("released").inc()
-                    return decision
+            worker = await self.turns.hold(retry, self.config.hold_timeout)
         finally:
-            self.metrics.held.dec()
             turn.waited += perf_counter() - started
+        if worker is None:
+            raise RouterError(
+                503,
+                "session_held",
+                f"session {session.session_id} {why}; the turn waited "
+                f"{self.config.hold_timeout:g} s",
+                retry_after=self.config.retry_after,
+            )
+        return worker
 
     async def _forward(self, request: web.Request, body: bytes, turn: _Turn) -> web.StreamResponse:
         worker = turn.worker
@@ -377,9 +372,7 @@ class Proxy:
         headers = _forward_headers(
             request.headers, session_id, session_name, strip_credentials=self.keys is not None
         )
-        worker.in_flight += 1
-        if session_name is not None:
-            self.session_turns[session_name] += 1
+        self.turns.started(worker, session_name)
         sent = perf_counter()
         try:
             async with self.client.post(url, data=body, headers=headers) as upstream:
@@ -417,12 +410,7 @@ class Proxy:
                 502, "upstream_error", f"worker {worker.name} at {worker.endpoint}: {error!r}"
             ) from error
         finally:
-            worker.in_flight -= 1
-            if session_name is not None:
-                self.session_turns[session_name] -= 1
-                if not self.session_turns[session_name]:
-                    del self.session_turns[session_name]
-                    self.turn_ended.set()
+            self.turns.ended(worker, session_name)
 
     def _url(self, endpoint: str, path: str) -> URL:
         # Parsing a URL costs more than the dict lookup; a fleet has few distinct ones.

@@ -178,8 +178,7 @@ class Router:
                 namespace,
                 self.settings.replica,
                 self.table,
-                self._proxy.session_turns,
-                self._proxy.turn_ended,
+                self._proxy.turns,
             )
             supervisor = self.supervisor
             supervisor.start("worker watch", watch_workers(self.kube, namespace, self.table))

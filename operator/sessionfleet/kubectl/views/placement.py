@@ -14,7 +14,7 @@ from sessionfleet.api import (
 from sessionfleet.kubectl.views.sessions import context_tokens
 from sessionfleet.kubectl.views.snapshot import Snapshot, pinned
 from sessionfleet.policy.holds import takes_new_sessions
-from sessionfleet.policy.placement import Placement, PlacementRequest, WorkerLoad, place
+from sessionfleet.policy.placement import Placement, PlacementRequest, WorkerLoad, admit_or_place
 
 
 def loads(snap: Snapshot, namespace: str) -> list[WorkerLoad]:
@@ -62,11 +62,11 @@ def placement_now(snap: Snapshot, session: AgentSession) -> Placement:
     request = PlacementRequest(
         model=session.spec.model,
         pin=session.spec.worker_pin,
-        hint=session.spec.worker_hint,
         parent_worker=parent,
         expected_tokens=context_tokens(session),
     )
-    return place(request, loads(snap, session.metadata.namespace))
+    workers = loads(snap, session.metadata.namespace)
+    return admit_or_place(request, workers, hint=session.spec.worker_hint)
 
 
 def serving(snap: Snapshot, namespace: str, model: str) -> list[InferenceWorker]:
