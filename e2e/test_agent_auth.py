@@ -22,9 +22,9 @@ from e2e.operator import SESSIONFLEET, Process, free_port
 from e2e.test_chart import can_i, release_name, service_account_kubeconfig
 from sessionfleet.api import EngineType
 from sessionfleet.checkpoint.agent_tokens import AgentTokens, agent_ssl_context, node_audience
-from sessionfleet.checkpoint.criu import CriuDriver
 from sessionfleet.checkpoint.driver import CheckpointTarget, DriverUnavailable
 from sessionfleet.kube import Kube, KubeConfig
+from sessionfleet.operator.drivers.criu import CriuDriver
 
 NODES = ("gpu-a", "gpu-b")
 

@@ -1565,7 +1565,7 @@ def test_lease_rules_name_the_slots_and_nothing_else(component: str) -> None:
     args = container(by_kind(objects, "Deployment")[name])["args"]
     assert f"--lease-prefix={name}" in args and "--lease-slots=8" in args
     from sessionfleet.cli import build_parser
-    from sessionfleet.router.cli import lease_slots_from_args
+    from sessionfleet.fronts.options import lease_slots_from_args
 
     parsed = build_parser().parse_args(args)
     assert lease_slots_from_args(parsed, component).names() == slots

@@ -40,7 +40,7 @@ from e2e.operator import (
     wait_for,
     worker_pods,
 )
-from sessionfleet.resources.labels import PROVENANCE_ANNOTATION
+from sessionfleet.api.labels import PROVENANCE_ANNOTATION
 from sessionfleet.resources.names import session_object_name
 
 pytestmark = pytest.mark.timeout(240)

@@ -30,7 +30,7 @@ from sessionfleet.kube import (
     NotLeading,
 )
 from sessionfleet.kube.client import HOLD_WRITES_ENV
-from sessionfleet.leader import DEFAULT_LEASE_NAME, LeaderElector
+from sessionfleet.operator.leader import DEFAULT_LEASE_NAME, LeaderElector
 from sessionfleet.policy.leadership import ElectionTiming
 from sessionfleet.resources.times import rfc3339
 

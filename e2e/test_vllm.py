@@ -50,7 +50,7 @@ from e2e.operator import (
     wait_for,
     worker_pods,
 )
-from sessionfleet.checkpoint.criu import EngineError, HttpEngine
+from sessionfleet.agent.criu import EngineError, HttpEngine
 from sessionfleet.resources.pods import build_pod
 
 pytestmark = pytest.mark.timeout(600)

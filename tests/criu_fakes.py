@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from sessionfleet.checkpoint.cuda import CudaError, ProcessState
+from sessionfleet.agent.cuda import CudaError, ProcessState
 
 
 class FakeCuda:

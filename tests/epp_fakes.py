@@ -18,8 +18,8 @@ from epp_client import (  # the messages, as Envoy builds them; re-exported
     set_headers,
 )
 
-from sessionfleet.router.bindings import BindingTable
-from sessionfleet.router.identity import session_object_name
+from sessionfleet.fronts.bindings import BindingTable
+from sessionfleet.fronts.identity import session_object_name
 
 __all__ = [
     "MODEL",

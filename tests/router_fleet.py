@@ -15,11 +15,11 @@ import aiohttp.web
 from aiohttp.test_utils import TestServer
 from router_fakes import FakeKube
 
-from sessionfleet.engines.sim.engine import EngineConfig
-from sessionfleet.engines.sim.server import build_app
 from sessionfleet.kube import WORKERS
 from sessionfleet.router.proxy import RouterConfig
 from sessionfleet.router.server import Router, RouterSettings
+from sessionfleet.simengine.engine import EngineConfig
+from sessionfleet.simengine.server import build_app
 
 MODEL = "agent-model"
 NS = "default"

@@ -23,9 +23,9 @@ from sessionfleet.agent.auth import (
     review_verdict,
 )
 from sessionfleet.checkpoint.agent_tokens import AgentTokens, node_audience
-from sessionfleet.checkpoint.criu import AgentAccess
 from sessionfleet.cli import build_parser
 from sessionfleet.kube import Kube, KubeConfig, KubeError
+from sessionfleet.operator.drivers.criu import AgentAccess
 
 OPERATOR = "system:serviceaccount:sessionfleet-system:sessionfleet-operator"
 PROMETHEUS = "system:serviceaccount:monitoring:prometheus"

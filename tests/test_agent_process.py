@@ -21,10 +21,10 @@ import pytest
 
 from sessionfleet.api import EngineType
 from sessionfleet.checkpoint.agent_tokens import agent_ssl_context
-from sessionfleet.checkpoint.criu import CriuDriver
 from sessionfleet.checkpoint.driver import CheckpointTarget, DriverUnavailable
 from sessionfleet.cli import build_parser
 from sessionfleet.kube import Kube, KubeConfig
+from sessionfleet.operator.drivers.criu import CriuDriver
 
 SESSIONFLEET = Path(sys.executable).with_name("sessionfleet")
 HOST = "127.0.0.1"

@@ -19,6 +19,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from criu_fakes import FakeCriu, FakeCuda, FakeEngine, Killer
 
+from sessionfleet.agent.capability import Capability
+from sessionfleet.agent.criu import NodeCheckpointer
 from sessionfleet.agent.server import (
     MAX_BODY_BYTES,
     Agent,
@@ -33,14 +35,7 @@ from sessionfleet.agent.server import (
 from sessionfleet.agent.telemetry import PodName, Snapshot
 from sessionfleet.api import EngineType
 from sessionfleet.api.worker import CheckpointStorage
-from sessionfleet.checkpoint.capability import Capability
-from sessionfleet.checkpoint.criu import (
-    METADATA_FILE,
-    CriuDriver,
-    NodeCheckpointer,
-    container_id_of,
-    node_address_locator,
-)
+from sessionfleet.checkpoint.agent_api import METADATA_FILE
 from sessionfleet.checkpoint.driver import (
     CheckpointTarget,
     DriverError,
@@ -49,6 +44,7 @@ from sessionfleet.checkpoint.driver import (
 )
 from sessionfleet.checkpoint.paths import DEFAULT_STORAGE_ROOT, confined_parts, open_confined
 from sessionfleet.kube import Kube, KubeConfig
+from sessionfleet.operator.drivers.criu import CriuDriver, container_id_of, node_address_locator
 from sessionfleet.policy.checkpoint import checkpoint_location
 from sessionfleet.supervise import EXIT_TASK_FAILED
 

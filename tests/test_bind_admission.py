@@ -18,9 +18,9 @@ from sessionfleet.controllers.config import OperatorConfig
 from sessionfleet.controllers.fleet import Fleet
 from sessionfleet.controllers.records import WorkerRecord, session_record, worker_record
 from sessionfleet.controllers.sessions import reconcile_session
+from sessionfleet.fronts.bindings import BindingTable
 from sessionfleet.policy.placement import WorkerLoad
 from sessionfleet.policy.sessions import SessionState
-from sessionfleet.router.bindings import BindingTable
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 

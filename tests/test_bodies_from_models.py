@@ -17,7 +17,9 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 CHECKED = [
     *sorted((REPO / "controllers/sessionfleet/controllers").glob("*.py")),
+    *sorted((REPO / "operator/sessionfleet/operator").glob("*.py")),
     *sorted((REPO / "operator/sessionfleet/router").glob("*.py")),
+    *sorted((REPO / "operator/sessionfleet/fronts").glob("*.py")),
 ]
 CAMEL = re.compile(r"^[a-z]+[A-Z][A-Za-z0-9]*$")
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from cuda_standin import build, compiler
 
-from sessionfleet.checkpoint.capability import (
+from sessionfleet.agent.capability import (
     CAP_SYS_ADMIN,
     Probe,
     assess,

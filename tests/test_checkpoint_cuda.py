@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from cuda_standin import CHECKPOINT, LOCK, RESTORE, UNLOCK, Inspector, build, compiler
 
-from sessionfleet.checkpoint.cuda import (
+from sessionfleet.agent.cuda import (
     CUcheckpointCheckpointArgs,
     CUcheckpointGpuPair,
     CUcheckpointLockArgs,

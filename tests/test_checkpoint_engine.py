@@ -14,11 +14,11 @@ from aiohttp.test_utils import TestServer
 from sessionfleet.api import EngineType
 from sessionfleet.checkpoint import CheckpointTarget, DriverError
 from sessionfleet.checkpoint.driver import NotLeadingDriver
-from sessionfleet.checkpoint.engine import EngineDriver
 from sessionfleet.engines import FORWARDED_SESSION_HEADER
-from sessionfleet.engines.sim.engine import EngineConfig
-from sessionfleet.engines.sim.server import build_app
+from sessionfleet.operator.drivers.engine import EngineDriver
 from sessionfleet.resources.names import session_object_name
+from sessionfleet.simengine.engine import EngineConfig
+from sessionfleet.simengine.server import build_app
 
 MODEL = "m"
 PROMPT = [

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from sessionfleet.api import CheckpointDriver, CheckpointReason
+from sessionfleet.api.labels import PROVENANCE_ANNOTATION
 from sessionfleet.checkpoint import CheckpointOutcome, CheckpointTarget
 from sessionfleet.controllers.checkpoints import reconcile_checkpoints
 from sessionfleet.controllers.config import OperatorConfig
@@ -28,7 +29,6 @@ from sessionfleet.resources.checkpoints import (
     build_checkpoint_key_secret,
     checkpoint_key_of,
 )
-from sessionfleet.resources.labels import PROVENANCE_ANNOTATION
 
 NOW = datetime(2026, 12, 4, 12, 0, tzinfo=UTC)
 KEY = b"k" * 32

@@ -21,9 +21,8 @@ from aiohttp.test_utils import TestServer
 from criu_fakes import FakeCriu, FakeCuda, FakeEngine, Killer
 from cuda_standin import LOCK, Inspector, build, compiler
 
-from sessionfleet.checkpoint.capability import Capability
-from sessionfleet.checkpoint.criu import (
-    METADATA_FILE,
+from sessionfleet.agent.capability import Capability
+from sessionfleet.agent.criu import (
     Busy,
     CheckpointRequest,
     CriuCli,
@@ -37,11 +36,12 @@ from sessionfleet.checkpoint.criu import (
     kill_process,
     read_metadata,
 )
-from sessionfleet.checkpoint.criu_machine import Action, Phase
-from sessionfleet.checkpoint.cuda import CudaCheckpointApi, ProcessState
+from sessionfleet.agent.criu_machine import Action, Phase
+from sessionfleet.agent.cuda import CudaCheckpointApi, ProcessState
+from sessionfleet.checkpoint.agent_api import METADATA_FILE
 from sessionfleet.checkpoint.driver import DriverUnavailable
-from sessionfleet.engines.sim.engine import EngineConfig
-from sessionfleet.engines.sim.server import build_app
+from sessionfleet.simengine.engine import EngineConfig
+from sessionfleet.simengine.server import build_app
 
 PID = 4321
 GPU_A = "GPU-5ab8c1d2-0b6f-2a3e-9f11-0123456789ab"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sessionfleet.checkpoint.criu_machine import (
+from sessionfleet.agent.criu_machine import (
     OK,
     Action,
     Operation,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sessionfleet.engines.sim.cache import (
+from sessionfleet.simengine.cache import (
     BLOCKS_FILE,
     MANIFEST_FILE,
     CacheSnapshot,

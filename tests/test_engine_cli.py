@@ -132,7 +132,7 @@ def test_a_snapshot_of_another_model_is_refused(
 
 
 def test_cost_flags() -> None:
-    from sessionfleet.engines.sim.cli import config_from_args
+    from sessionfleet.simengine.cli import config_from_args
 
     parse = build_parser().parse_args
     assert config_from_args(parse(["sim-engine", "--model=m"])).cost.free

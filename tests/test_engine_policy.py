@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from sessionfleet.api import InferenceWorker
-from sessionfleet.resources.labels import SPEC_HASH_ANNOTATION, WORKER_LABEL
+from sessionfleet.api.labels import SPEC_HASH_ANNOTATION, WORKER_LABEL
 from sessionfleet.resources.networkpolicies import build_engine_policy, parse_peers, spec_hash
 
 ROUTERS = {

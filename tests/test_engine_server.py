@@ -13,9 +13,9 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from sessionfleet.engines import FORWARDED_SESSION_HEADER, vllm
-from sessionfleet.engines.sim.cost import CostModel
-from sessionfleet.engines.sim.engine import EngineConfig
-from sessionfleet.engines.sim.server import build_app
+from sessionfleet.simengine.cost import CostModel
+from sessionfleet.simengine.engine import EngineConfig
+from sessionfleet.simengine.server import build_app
 
 MODEL = "sim-model"
 SYSTEM = "You are a coding agent. " + "Follow the repository's rules. " * 40

@@ -7,7 +7,7 @@ import hashlib
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sessionfleet.engines.sim.tokenizer import (
+from sessionfleet.simengine.tokenizer import (
     CHARS_PER_TOKEN,
     ROOT_HASH,
     chain_hash,

@@ -32,9 +32,9 @@ from epp_fakes import (
 
 from sessionfleet.epp.picker import EndpointPicker, PickerConfig, endpoint_address
 from sessionfleet.epp.protocol import Exchange, ExchangeSettings
-from sessionfleet.router.admission import SessionRates
-from sessionfleet.router.bindings import BindingTable
-from sessionfleet.router.identity import session_object_name
+from sessionfleet.fronts.admission import SessionRates
+from sessionfleet.fronts.bindings import BindingTable
+from sessionfleet.fronts.identity import session_object_name
 
 SID = {"x-session-id": "task-42"}
 NO_LIMITS = SessionRates(0, 0, 0, 0)

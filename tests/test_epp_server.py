@@ -36,13 +36,13 @@ from sessionfleet.api import SessionClient
 from sessionfleet.epp.picker import PickerConfig
 from sessionfleet.epp.protocol import ExchangeSettings
 from sessionfleet.epp.server import SERVICE_NAME, EppSettings, Health, Processor, grpc_server
-from sessionfleet.router.admission import SessionRates
-from sessionfleet.router.bindings import BindingTable
-from sessionfleet.router.identity import Identity, session_object_name
-from sessionfleet.router.kubesync import SessionCreator
-from sessionfleet.router.ledger import UsageLedger
-from sessionfleet.router.metrics import RouterMetrics
-from sessionfleet.router.requester import FAIRNESS_HEADER
+from sessionfleet.fronts.admission import SessionRates
+from sessionfleet.fronts.bindings import BindingTable
+from sessionfleet.fronts.identity import Identity, session_object_name
+from sessionfleet.fronts.kubesync import SessionCreator
+from sessionfleet.fronts.ledger import UsageLedger
+from sessionfleet.fronts.metrics import RouterMetrics
+from sessionfleet.fronts.requester import FAIRNESS_HEADER
 
 SID = {"x-session-id": "task-42"}
 NO_LIMITS = SessionRates(0, 0, 0, 0)

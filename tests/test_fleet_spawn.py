@@ -12,7 +12,7 @@ import pytest
 from sessionfleet.controllers import handlers, metrics
 from sessionfleet.controllers.config import OperatorConfig
 from sessionfleet.controllers.fleet import Fleet
-from sessionfleet.leader import Solo
+from sessionfleet.controllers.leadership import Solo
 from sessionfleet.supervise import Supervisor
 
 

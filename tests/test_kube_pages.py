@@ -11,13 +11,13 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from router_fakes import FakeKube
 
+from sessionfleet.fronts.bindings import BindingTable, SessionView
+from sessionfleet.fronts.kubesync import watch_sessions
+from sessionfleet.fronts.ledger import UsageLedger
 from sessionfleet.kube import SESSIONS, Gone
 from sessionfleet.kube.client import Kube
 from sessionfleet.kube.config import KubeConfig
 from sessionfleet.kube.reflector import reflect
-from sessionfleet.router.bindings import BindingTable, SessionView
-from sessionfleet.router.kubesync import watch_sessions
-from sessionfleet.router.ledger import UsageLedger
 
 OBJECTS = [{"metadata": {"name": f"s{i}", "resourceVersion": str(i)}} for i in range(7)]
 

@@ -15,14 +15,14 @@ from aiohttp.test_utils import TestServer
 
 from sessionfleet.api import CheckpointDriver, EngineType
 from sessionfleet.checkpoint.driver import CheckpointTarget, DriverError, DriverUnavailable
-from sessionfleet.checkpoint.kubelet import (
+from sessionfleet.kube import Kube, KubeConfig
+from sessionfleet.operator.drivers.kubelet import (
     LOAD_REFUSAL,
     KubeletDriver,
     archive_location,
     checkpoint_path,
     parse_answer,
 )
-from sessionfleet.kube import Kube, KubeConfig
 
 ARCHIVE = "/var/lib/kubelet/checkpoints/checkpoint-w-1_agents-engine-2026-11-29T15:10:54Z.tar"
 UNIMPLEMENTED = (

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sessionfleet.kube import NotFound
-from sessionfleet.leader import LeaderElector
+from sessionfleet.operator.leader import LeaderElector
 from sessionfleet.policy.leadership import (
     ElectionTiming,
     LeaseRecord,
@@ -136,7 +136,7 @@ def test_the_operator_refuses_election_settings_that_are_unsafe_or_incomplete(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from sessionfleet.cli import main
-    from sessionfleet.controllers import run
+    from sessionfleet.operator import main as run
 
     monkeypatch.delenv("POD_NAMESPACE", raising=False)
     monkeypatch.setattr(run, "SERVICE_ACCOUNT_NAMESPACE", "/nonexistent/namespace")
@@ -170,7 +170,7 @@ async def test_a_slow_lease_write_is_logged_with_how_long_it_took(
 ) -> None:
     api = SlowApi(seconds)  # a get and a create: twice ``seconds``; 1/4 of 10 s is 2.5 s
     elector = LeaderElector(api, "ns", identity="me", clock=lambda: api.now)  # type: ignore[arg-type]
-    with caplog.at_level(logging.WARNING, logger="sessionfleet.leader"):
+    with caplog.at_level(logging.WARNING, logger="sessionfleet.operator.leader"):
         assert await elector._attempt(10.0)
     assert elector.leading
     found = [r.getMessage() for r in caplog.records if "written after" in r.getMessage()]

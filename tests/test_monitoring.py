@@ -34,10 +34,10 @@ from prometheus_client.registry import Collector
 from sessionfleet.agent.telemetry import AgentState, GpuSample, ProcessSample, Snapshot, families
 from sessionfleet.controllers import metrics as operator_metrics
 from sessionfleet.engines import vllm
-from sessionfleet.engines.sim.engine import EngineCollector, EngineConfig, SimEngine
 from sessionfleet.engines.vllm import Usage
-from sessionfleet.router.bindings import BindingTable
-from sessionfleet.router.metrics import RouterMetrics
+from sessionfleet.fronts.bindings import BindingTable
+from sessionfleet.fronts.metrics import RouterMetrics
+from sessionfleet.simengine.engine import EngineCollector, EngineConfig, SimEngine
 
 REPO = Path(__file__).resolve().parent.parent
 CHART = REPO / "charts" / "sessionfleet"
@@ -121,7 +121,7 @@ def exported() -> dict[str, str]:
     """Every sample name the components expose, with where it comes from."""
     sources = {
         "operator (sessionfleet.controllers.metrics)": operator_families(),
-        "router (sessionfleet.router.metrics)": router_families(),
+        "router (sessionfleet.fronts.metrics)": router_families(),
         "node agent (sessionfleet.agent.telemetry)": agent_families(),
         "vLLM (sessionfleet.engines.vllm)": vllm_families(),
     }

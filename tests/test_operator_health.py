@@ -12,7 +12,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from sessionfleet.controllers.config import OperatorConfig
 from sessionfleet.controllers.fleet import Fleet
 from sessionfleet.controllers.health import assess, health_app, stall_after
-from sessionfleet.controllers.run import _stop_on_failure
+from sessionfleet.operator.main import _stop_on_failure
 from sessionfleet.supervise import Supervisor
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from sessionfleet.api import InferenceWorker
-from sessionfleet.resources.labels import EPOCH_LABEL, WORKER_LABEL
+from sessionfleet.api.labels import EPOCH_LABEL, WORKER_LABEL
 from sessionfleet.resources.names import label_value, session_object_name
 from sessionfleet.resources.pods import build_pdb, build_pod, hold_annotations
 

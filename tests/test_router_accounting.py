@@ -21,11 +21,11 @@ from hypothesis import strategies as st
 from router_fakes import FakeKube
 
 from sessionfleet.engines.vllm import Usage
+from sessionfleet.fronts.bindings import BindingTable
+from sessionfleet.fronts.kubesync import Flusher
+from sessionfleet.fronts.ledger import Totals, UsageLedger, status_patch, turn_totals
+from sessionfleet.fronts.metrics import RouterMetrics
 from sessionfleet.kube import ApiUnavailable, Resource
-from sessionfleet.router.bindings import BindingTable
-from sessionfleet.router.kubesync import Flusher
-from sessionfleet.router.ledger import Totals, UsageLedger, status_patch, turn_totals
-from sessionfleet.router.metrics import RouterMetrics
 
 T0 = 1_800_000_000.0
 NAME = "s"

@@ -17,9 +17,9 @@ import anthropic
 import pytest
 from router_fleet import MODEL, SYSTEM, Fleet, dies_mid_stream, until, worker_object
 
-from sessionfleet.engines.sim.cost import CostModel
+from sessionfleet.fronts.identity import CLAUDE_CODE_SESSION, session_object_name
 from sessionfleet.kube import WORKERS
-from sessionfleet.router.identity import CLAUDE_CODE_SESSION, session_object_name
+from sessionfleet.simengine.cost import CostModel
 
 MESSAGES = "/v1/messages"
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from sessionfleet.fronts.bindings import BindingTable
 from sessionfleet.policy.placement import PlacementRequest, place
-from sessionfleet.router.bindings import BindingTable
 
 
 def worker(

@@ -14,6 +14,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sessionfleet.api import AgentSessionSpec, SessionClient
+from sessionfleet.fronts.identity import Identity
+from sessionfleet.fronts.kubesync import new_session
+from sessionfleet.fronts.ledger import _EARLIEST, Totals, status_patch
 from sessionfleet.resources.leases import (
     LeaseSlots,
     lease_release,
@@ -24,9 +27,6 @@ from sessionfleet.resources.leases import (
 from sessionfleet.resources.sessions import acknowledgement_patch, agent_session, finished_patch
 from sessionfleet.resources.times import rfc3339
 from sessionfleet.resources.usage import UsageFigures, usage_status_patch
-from sessionfleet.router.identity import Identity
-from sessionfleet.router.kubesync import new_session
-from sessionfleet.router.ledger import _EARLIEST, Totals, status_patch
 
 T0 = 1_800_000_000.25  # 2027-01-15T08:00:00.25Z
 

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sessionfleet.engines.vllm import Usage
-from sessionfleet.router.body import (
+from sessionfleet.fronts.body import (
     HEAD_BYTES,
     TAIL_BYTES,
     BodyError,

@@ -36,13 +36,13 @@ from hypothesis import strategies as st
 from router_fakes import FakeKube
 from router_fleet import MODEL, worker_object
 
-from sessionfleet.engines.sim.engine import EngineConfig
-from sessionfleet.engines.sim.server import build_app
+from sessionfleet.fronts.admission import SessionRates
 from sessionfleet.kube import WORKERS
-from sessionfleet.router.admission import SessionRates
 from sessionfleet.router.limits import IntakeLimits
 from sessionfleet.router.proxy import RouterConfig
 from sessionfleet.router.server import Router, RouterSettings
+from sessionfleet.simengine.engine import EngineConfig
+from sessionfleet.simengine.server import build_app
 
 SCALE = int(os.environ.get("SESSIONFLEET_FUZZ_EXAMPLES", "5000")) / 5000
 RANDOM = SCALE > 1

@@ -7,12 +7,12 @@ from typing import Any
 
 from router_fakes import FakeKube
 
+from sessionfleet.fronts.bindings import BindingTable, WorkerView
+from sessionfleet.fronts.handshake import ACKS_AT_ONCE, Acknowledger, LeaseKeeper
+from sessionfleet.fronts.metrics import RouterMetrics
+from sessionfleet.fronts.turns import Turns
 from sessionfleet.kube import LEASES
 from sessionfleet.resources.leases import LeaseSlots
-from sessionfleet.router.bindings import BindingTable, WorkerView
-from sessionfleet.router.handshake import ACKS_AT_ONCE, Acknowledger, LeaseKeeper
-from sessionfleet.router.metrics import RouterMetrics
-from sessionfleet.router.turns import Turns
 
 SINCE = "2026-11-29T12:00:00.123456Z"
 WORKER = WorkerView("w", "m", "Ready", "http://127.0.0.1:1", 8, 0, 0.0)

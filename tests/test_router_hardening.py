@@ -28,18 +28,18 @@ from router_fleet import (
     worker_object,
 )
 
-from sessionfleet.engines.sim.cost import CostModel
-from sessionfleet.kube import SESSIONS
-from sessionfleet.router.admission import (
+from sessionfleet.fronts.admission import (
     ApiKeys,
     AuthError,
     NewSessionLimiter,
     SessionRates,
 )
-from sessionfleet.router.identity import session_object_name
+from sessionfleet.fronts.identity import session_object_name
+from sessionfleet.fronts.requester import TrustedProxies, parse_networks
+from sessionfleet.kube import SESSIONS
 from sessionfleet.router.limits import IntakeLimits
-from sessionfleet.router.requester import TrustedProxies, parse_networks
 from sessionfleet.router.server import Router, RouterSettings, serve
+from sessionfleet.simengine.cost import CostModel
 
 NO_LIMITS = SessionRates(0, 0, 0, 0)
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from multidict import CIMultiDict
 
 from sessionfleet.api import SessionClient
-from sessionfleet.router.identity import (
+from sessionfleet.fronts.identity import (
     HeaderConfig,
     Identity,
     IdentityError,

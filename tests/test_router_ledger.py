@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sessionfleet.engines.vllm import Usage
-from sessionfleet.router.ledger import (
+from sessionfleet.fronts.ledger import (
     Totals,
     UsageLedger,
     rfc3339,

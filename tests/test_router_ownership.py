@@ -18,12 +18,12 @@ import aiohttp.web
 from router_fleet import MODEL, Fleet, chat, opening, post, until, worker_object
 from test_router_hardening import authenticated_router
 
+from sessionfleet.api.labels import CREATED_BY_ANNOTATION, SERVED_BY_ANNOTATION
+from sessionfleet.fronts.bindings import SessionView
+from sessionfleet.fronts.identity import session_object_name
+from sessionfleet.fronts.kubesync import may_discard, must_claim
+from sessionfleet.fronts.ledger import Totals
 from sessionfleet.kube import SESSIONS, WORKERS
-from sessionfleet.resources.labels import CREATED_BY_ANNOTATION, SERVED_BY_ANNOTATION
-from sessionfleet.router.bindings import SessionView
-from sessionfleet.router.identity import session_object_name
-from sessionfleet.router.kubesync import may_discard, must_claim
-from sessionfleet.router.ledger import Totals
 from sessionfleet.router.server import Router
 
 ANSWER: dict[str, Any] = {

@@ -14,8 +14,8 @@ import aiohttp
 import pytest
 from router_fleet import MODEL, Fleet, chat, opening, post, until, worker_object
 
+from sessionfleet.fronts.identity import HeaderConfig, session_object_name
 from sessionfleet.kube import SESSIONS, WORKERS
-from sessionfleet.router.identity import HeaderConfig, session_object_name
 from sessionfleet.router.limits import IntakeLimits
 from sessionfleet.router.proxy import SESSION_HEADER, WORKER_HEADER
 

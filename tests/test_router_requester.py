@@ -8,9 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sessionfleet.router.admission import NewSessionLimiter, SessionRates
-from sessionfleet.router.cli import add_parser, settings_from_args
-from sessionfleet.router.requester import (
+from sessionfleet.fronts.admission import NewSessionLimiter, SessionRates
+from sessionfleet.fronts.requester import (
     FAIRNESS_HEADER,
     MAX_HOPS,
     MAX_KEY_CHARS,
@@ -20,6 +19,7 @@ from sessionfleet.router.requester import (
     parse_networks,
     requester_key,
 )
+from sessionfleet.router.cli import add_parser, settings_from_args
 
 GATEWAYS = TrustedProxies(parse_networks(["10.0.0.0/8", "fd00::/8"]))
 

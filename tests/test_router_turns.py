@@ -1,4 +1,4 @@
-"""One turn counter and one turn hold for both fronts, router and EPP (router/turns.py)."""
+"""One turn counter and one turn hold for both fronts, router and EPP (fronts/turns.py)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import asyncio
 import pytest
 from epp_fakes import fleet, session, worker
 
-from sessionfleet.router.bindings import BindingTable, WorkerView
-from sessionfleet.router.identity import session_object_name
-from sessionfleet.router.metrics import RouterMetrics
-from sessionfleet.router.turns import Turns
+from sessionfleet.fronts.bindings import BindingTable, WorkerView
+from sessionfleet.fronts.identity import session_object_name
+from sessionfleet.fronts.metrics import RouterMetrics
+from sessionfleet.fronts.turns import Turns
 
 NAME = session_object_name("task-42", None)
 

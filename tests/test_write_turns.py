@@ -9,8 +9,8 @@ import pytest
 
 from sessionfleet.api import Reason, SessionPhase, WorkerPhase
 from sessionfleet.controllers.config import OperatorConfig
-from sessionfleet.controllers.run import add_parser
 from sessionfleet.controllers.turns import WriteTurns
+from sessionfleet.operator.main import add_parser
 from sessionfleet.policy.sessions import (
     NOTHING,
     Action,

@@ -1,7 +1,7 @@
 """Checkpoint benchmark: save/restore time and size, and the prefill they spare.
 
 Real simulated engines (their aiohttp servers on 127.0.0.1) and the operator's own
-engine driver (``sessionfleet.checkpoint.engine.EngineDriver``) — the same calls the
+engine driver (``sessionfleet.operator.drivers.engine.EngineDriver``) — the same calls the
 WorkerCheckpoint controller makes — measure:
 
 1. checkpoint (export) and restore (import into a fresh engine) time and size for one
@@ -33,10 +33,10 @@ from aiohttp.test_utils import TestServer
 
 from sessionfleet.api import EngineType
 from sessionfleet.checkpoint import CheckpointTarget
-from sessionfleet.checkpoint.engine import EngineDriver
 from sessionfleet.engines import FORWARDED_SESSION_HEADER
-from sessionfleet.engines.sim.engine import EngineConfig
-from sessionfleet.engines.sim.server import build_app
+from sessionfleet.operator.drivers.engine import EngineDriver
+from sessionfleet.simengine.engine import EngineConfig
+from sessionfleet.simengine.server import build_app
 from sessionfleet.workload import CHARS_PER_TOKEN
 
 MODEL = "bench"

@@ -55,7 +55,7 @@ PORT = 18231
 
 def store_config(root: Path) -> str:
     """The operator's ``--kv-transfer-config`` for a store at ``root``."""
-    from sessionfleet.kvstore.wire import CONNECTOR_CLASS, CONNECTOR_MODULE
+    from sessionfleet.engines.kvstore_wire import CONNECTOR_CLASS, CONNECTOR_MODULE
 
     return json.dumps(
         {

@@ -86,11 +86,11 @@ def serve(port: int, keys_dir: str | None) -> None:
     from router_fakes import FakeKube
     from router_fleet import MODEL, worker_object
 
-    from sessionfleet.engines.sim.engine import EngineConfig
-    from sessionfleet.engines.sim.server import build_app
     from sessionfleet.kube import WORKERS
     from sessionfleet.router.server import RouterSettings
     from sessionfleet.router.server import serve as serve_router
+    from sessionfleet.simengine.engine import EngineConfig
+    from sessionfleet.simengine.server import build_app
 
     logging.getLogger("aiohttp.server").setLevel(logging.CRITICAL)
 

@@ -30,10 +30,10 @@ sys.path.append(str(REPO))  # after the standard library: see e2e/localcluster/_
 
 from aiohttp import web  # noqa: E402
 
-from sessionfleet.engines.sim.engine import EngineConfig  # noqa: E402
-from sessionfleet.engines.sim.server import build_app  # noqa: E402
+from sessionfleet.api.labels import WORKER_LABEL  # noqa: E402
 from sessionfleet.kube import PODS, Gone, Kube, KubeConfig, KubeError  # noqa: E402
-from sessionfleet.resources.labels import WORKER_LABEL  # noqa: E402
+from sessionfleet.simengine.engine import EngineConfig  # noqa: E402
+from sessionfleet.simengine.server import build_app  # noqa: E402
 
 ENGINE_PORT = 8000
 log = logging.getLogger("bench.scale.engines")

@@ -43,9 +43,9 @@ from sessionfleet.controllers.config import OperatorConfig  # noqa: E402
 from sessionfleet.controllers.fleet import Fleet  # noqa: E402
 from sessionfleet.controllers.records import session_record  # noqa: E402
 from sessionfleet.controllers.sessionwatch import follow, sources  # noqa: E402
+from sessionfleet.fronts.bindings import BindingTable, SessionView  # noqa: E402
 from sessionfleet.kube import SESSIONS, Gone  # noqa: E402
 from sessionfleet.kube.reflector import reflect  # noqa: E402
-from sessionfleet.router.bindings import BindingTable, SessionView  # noqa: E402
 
 GROUP_VERSION = "sessionfleet.dev/v1alpha1"
 NAMESPACE = "agents"

@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import sessionfleet
-from sessionfleet.kvstore.wire import CONNECTOR_CLASS
+from sessionfleet.engines.kvstore_wire import CONNECTOR_CLASS
 
 from ._podspec import PodSpecError
 from ._tools import cache_dir

@@ -15,11 +15,11 @@ from sessionfleet._version import __version__
 from sessionfleet.agent import cli as agent_cli
 from sessionfleet.api.crd import render_crds
 from sessionfleet.api.crd_templates import render_chart_crds
-from sessionfleet.controllers import run as operator_cli
-from sessionfleet.engines.sim import cli as sim_engine_cli
 from sessionfleet.epp import cli as epp_cli
 from sessionfleet.fleetsim import cli as fleetsim_cli
+from sessionfleet.operator import main as operator_cli
 from sessionfleet.router import cli as router_cli
+from sessionfleet.simengine import cli as sim_engine_cli
 
 
 def _cmd_version(_: argparse.Namespace) -> int:

@@ -3,7 +3,7 @@
 
 A child process allocates GPU memory (``cuMemAlloc``) and fills it with random bytes it
 keeps a host copy of. This process then drives the child through the whole cycle with
-:class:`sessionfleet.checkpoint.cuda.CudaCheckpointApi` — lock, checkpoint (GPU memory
+:class:`sessionfleet.agent.cuda.CudaCheckpointApi` — lock, checkpoint (GPU memory
 to host), restore (optionally onto another GPU, ``--remap``), unlock — checking the
 process state after every call, and finally asks the child to copy its GPU memory back
 and compare it with the host copy. It prints what it measured (each call's time, the
@@ -153,8 +153,8 @@ def timed(call: Any, *args: Any) -> float:
 def controller(args: argparse.Namespace) -> int:
     """Drive a child through lock, checkpoint, restore and unlock; report."""
     try:
-        from sessionfleet.checkpoint.capability import assess, probe
-        from sessionfleet.checkpoint.cuda import (
+        from sessionfleet.agent.capability import assess, probe
+        from sessionfleet.agent.cuda import (
             CudaCheckpointApi,
             CudaError,
             CudaUnavailable,

@@ -193,7 +193,7 @@ router's namespace (router.namespace, else the release namespace).
 {{- end }}
 
 {{/*
-The slot Leases of the router's or the Endpoint Picker's replicas (router/handshake.py,
+The slot Leases of the router's or the Endpoint Picker's replicas (fronts/handshake.py,
 LeaseKeeper): each replica holds one of `<fullname>-<component>-0` … `-<count-1>`, so
 that the component's Role can name them in resourceNames and never reaches another
 Lease of its namespace, the operator's leader Lease above all. Takes (dict "root" $
@@ -222,7 +222,7 @@ dict as sessionfleet.leaseSlots.
 */}}
 {{- define "sessionfleet.leaseSlotRules" -}}
 {{- $slots := include "sessionfleet.leaseSlots" . | fromJson }}
-# LeaseKeeper (router/handshake.py) holds one Lease of a fixed set of slots and renews
+# LeaseKeeper (fronts/handshake.py) holds one Lease of a fixed set of slots and renews
 # it, so the operator knows which replicas must acknowledge a migration. RBAC cannot
 # scope a create by name (the name is in the body, not the URL), so create is a rule of
 # its own; get and patch (re-read a slot, take an expired one over, renew, release)

@@ -33,13 +33,13 @@ from sessionfleet.controllers.config import OperatorConfig
 from sessionfleet.controllers.engines import EngineReports, EngineStats
 from sessionfleet.controllers.faults import Faults
 from sessionfleet.controllers.indexes import Indexes
+from sessionfleet.controllers.leadership import Leadership, Solo
 from sessionfleet.controllers.records import Key, resource_version
 from sessionfleet.controllers.sessionbook import SessionBook
 from sessionfleet.controllers.spawner import Spawner
 from sessionfleet.controllers.work import WorkQueue, counter_interval
 from sessionfleet.controllers.workerwrites import WorkerWrites
 from sessionfleet.kube import Kube
-from sessionfleet.leader import Leadership, Solo
 from sessionfleet.policy.events import Notice
 from sessionfleet.policy.placement import WorkerLoad
 from sessionfleet.resources.events import ObjectRef

@@ -15,6 +15,12 @@ from typing import Any
 import kopf
 
 from sessionfleet.api import GROUP, VERSION
+from sessionfleet.api.labels import (
+    EPOCH_LABEL,
+    KOPF_PREFIX,
+    SPEC_HASH_ANNOTATION,
+    WORKER_LABEL,
+)
 from sessionfleet.controllers import kvstores, loop
 from sessionfleet.controllers.fleet import Fleet
 from sessionfleet.controllers.policies import worker_view
@@ -28,12 +34,6 @@ from sessionfleet.controllers.served import RetryForever
 from sessionfleet.controllers.sessions import worker_brief
 from sessionfleet.policy.handshake import ROUTER_COMPONENT, ROUTER_COMPONENT_LABEL
 from sessionfleet.policy.observed import node_state, pod_state
-from sessionfleet.resources.labels import (
-    EPOCH_LABEL,
-    KOPF_PREFIX,
-    SPEC_HASH_ANNOTATION,
-    WORKER_LABEL,
-)
 from sessionfleet.supervise import Supervisor
 
 log = logging.getLogger(__name__)

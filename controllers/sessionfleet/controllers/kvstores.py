@@ -18,8 +18,7 @@ from collections import defaultdict
 from typing import Final
 
 from sessionfleet.api import CheckpointDriver, KVStoreType, SessionPhase, WorkerPhase
-from sessionfleet.checkpoint import CheckpointTarget, DriverError
-from sessionfleet.checkpoint.engine import EngineDriver
+from sessionfleet.checkpoint import CheckpointTarget, DriverError, KVStoreControl
 from sessionfleet.controllers.checkpoints import target_for
 from sessionfleet.controllers.fleet import Fleet
 from sessionfleet.controllers.records import WorkerRecord
@@ -56,7 +55,7 @@ def live_sessions(fleet: Fleet, namespace: str, model: str) -> list[str]:
     )
 
 
-async def retain_once(fleet: Fleet, driver: EngineDriver) -> dict[str, str | None]:
+async def retain_once(fleet: Fleet, driver: KVStoreControl) -> dict[str, str | None]:
     """Tell every store its live sessions; return each worker's store health by name."""
     health: dict[str, str | None] = {}
     for records in stores(fleet).values():
@@ -85,8 +84,8 @@ async def kv_stores_forever(fleet: Fleet) -> None:
     """Run :func:`retain_once` on the interval while this replica leads."""
     await fleet.indexed.wait()
     await fleet.leadership.acquired.wait()
-    driver = fleet.checkpointing.drivers.get(CheckpointDriver.ENGINE)
-    if not isinstance(driver, EngineDriver):
+    driver: object = fleet.checkpointing.drivers.get(CheckpointDriver.ENGINE)
+    if not isinstance(driver, KVStoreControl):
         return
     while True:
         await asyncio.sleep(fleet.config.kv_store_interval_seconds)

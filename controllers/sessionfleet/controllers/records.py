@@ -25,10 +25,10 @@ from sessionfleet.api import (
 )
 from sessionfleet.api.checkpoint import WorkerCheckpoint
 from sessionfleet.api.drainpolicy import DrainPolicy
+from sessionfleet.api.labels import PROVENANCE_ANNOTATION
 from sessionfleet.policy.checkpoint import CheckpointState
 from sessionfleet.policy.handshake import RouterLease, acks_of
 from sessionfleet.policy.sessions import SessionState
-from sessionfleet.resources.labels import PROVENANCE_ANNOTATION
 from sessionfleet.resources.leases import lease_state
 
 Key = tuple[str, str]

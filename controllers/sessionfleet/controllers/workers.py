@@ -26,6 +26,7 @@ from sessionfleet.api import (
     WorkerPhase,
     parse_duration,
 )
+from sessionfleet.api.labels import SPEC_HASH_ANNOTATION
 from sessionfleet.controllers import metrics
 from sessionfleet.controllers.checkpoints import create as create_checkpoint
 from sessionfleet.controllers.checkpoints import reconcile_checkpoints, worker_driver_of
@@ -57,7 +58,6 @@ from sessionfleet.policy.worker import (
     plan_worker,
     settled,
 )
-from sessionfleet.resources.labels import SPEC_HASH_ANNOTATION
 from sessionfleet.resources.networkpolicies import build_engine_policy
 from sessionfleet.resources.pods import build_pdb, build_pod, hold_annotations
 from sessionfleet.resources.status import (

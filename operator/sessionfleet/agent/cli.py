@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sessionfleet.checkpoint.criu import AGENT_PORT
+from sessionfleet.checkpoint.agent_api import AGENT_PORT
 from sessionfleet.checkpoint.paths import DEFAULT_STORAGE_ROOT
 from sessionfleet.cliargs import port
 

@@ -7,7 +7,7 @@
   it cannot, from a cache; ``?refresh=1`` probes again (``criu check`` and more). The
   operator's only: it tells an attacker which nodes can act on processes;
 - ``POST /checkpoint`` and ``POST /restore``: run the ``criu`` driver's state machine
-  on a pod's engine process (:class:`sessionfleet.checkpoint.criu.NodeCheckpointer`).
+  on a pod's engine process (:class:`sessionfleet.agent.criu.NodeCheckpointer`).
   The operator's only: they pause, lock and, after a fatal failure, kill other pods'
   processes. The images directory of a request must lie strictly inside
   ``<storage root>/<namespace>/`` and is opened without following any link below the
@@ -53,17 +53,9 @@ from sessionfleet.agent.auth import (
     StaticToken,
     TokenReviewer,
 )
+from sessionfleet.agent.capability import Capability, detect
 from sessionfleet.agent.cgroups import PodRef, find_container_pid, pod_of_cgroup
-from sessionfleet.agent.telemetry import (
-    AgentCollector,
-    AgentState,
-    NvmlSampler,
-    PodName,
-    Snapshot,
-)
-from sessionfleet.agent.tls import server_context
-from sessionfleet.checkpoint.capability import Capability, detect
-from sessionfleet.checkpoint.criu import (
+from sessionfleet.agent.criu import (
     Busy,
     CheckpointRequest,
     CriuCli,
@@ -73,7 +65,15 @@ from sessionfleet.checkpoint.criu import (
     RestoreRequest,
     Run,
 )
-from sessionfleet.checkpoint.cuda import LIBCUDA, CudaCheckpointApi
+from sessionfleet.agent.cuda import LIBCUDA, CudaCheckpointApi
+from sessionfleet.agent.telemetry import (
+    AgentCollector,
+    AgentState,
+    NvmlSampler,
+    PodName,
+    Snapshot,
+)
+from sessionfleet.agent.tls import server_context
 from sessionfleet.checkpoint.driver import DriverUnavailable
 from sessionfleet.checkpoint.paths import DEFAULT_STORAGE_ROOT, confined_parts, open_confined
 from sessionfleet.kube import PODS, Kube, KubeError

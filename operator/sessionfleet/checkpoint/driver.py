@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from sessionfleet.api import CheckpointDriver, EngineType
 
@@ -92,3 +92,17 @@ class Driver(Protocol):
     def restore_args(self, engine: EngineType, location: str) -> list[str]:
         """Extra engine arguments that make a new pod start from ``location``."""
         ...
+
+
+@runtime_checkable
+class KVStoreControl(Protocol):
+    """A driver that also reaches the KV store inside an engine (the engine driver).
+
+    The operator's KV-store housekeeping (``controllers/kvstores.py``) needs only this,
+    so it asks for the capability, not for one driver class.
+    """
+
+    async def store_control(
+        self, target: CheckpointTarget, request: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Send one control request to the engine's KV store; return its answer."""

@@ -3,7 +3,7 @@
 :mod:`sessionfleet.engines.vllm` holds what every component needs to know about the
 production engine (metric names, the shape of ``usage``), so the router, the operator's
 scrapers and the simulated engine agree on one definition.
-:mod:`sessionfleet.engines.sim` is the simulated vLLM-compatible engine
+:mod:`sessionfleet.simengine` is the simulated vLLM-compatible engine
 (``sessionfleet sim-engine``) used by tests, benchmarks and sandboxes.
 """
 

@@ -9,7 +9,11 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from sessionfleet.cliargs import non_negative_float, positive_float, positive_int
-from sessionfleet.router.cli import add_fleet_arguments, default_namespace, lease_slots_from_args
+from sessionfleet.fronts.options import (
+    add_fleet_arguments,
+    default_namespace,
+    lease_slots_from_args,
+)
 
 if TYPE_CHECKING:
     from sessionfleet.epp.server import EppSettings
@@ -95,7 +99,7 @@ def settings_from_args(args: argparse.Namespace) -> EppSettings:
     from sessionfleet.epp.picker import PickerConfig
     from sessionfleet.epp.protocol import ExchangeSettings
     from sessionfleet.epp.server import EppSettings
-    from sessionfleet.router.identity import HeaderConfig
+    from sessionfleet.fronts.identity import HeaderConfig
 
     if args.fallbacks < 0:
         raise ValueError("--fallbacks must not be negative")

@@ -2,12 +2,12 @@
 
 The same decisions as the router's (docs/router.md, "A turn, step by step"), from the
 same shared parts: the session identity from the headers
-(:func:`sessionfleet.router.identity.identify`), the binding table fed by the LIST and
-WATCH of :mod:`sessionfleet.router.kubesync`, a bound session's worker
-(:func:`sessionfleet.router.routing.bound_worker`), the placement of a new session
+(:func:`sessionfleet.fronts.identity.identify`), the binding table fed by the LIST and
+WATCH of :mod:`sessionfleet.fronts.kubesync`, a bound session's worker
+(:func:`sessionfleet.fronts.routing.bound_worker`), the placement of a new session
 (:func:`sessionfleet.policy.placement.place`) and the new-session rate limit
-(:class:`sessionfleet.router.admission.NewSessionLimiter`), per client: keyed on GAIE's
-fairness id header when the gateway sends one (:func:`~sessionfleet.router.requester.fairness_key`),
+(:class:`sessionfleet.fronts.admission.NewSessionLimiter`), per client: keyed on GAIE's
+fairness id header when the gateway sends one (:func:`~sessionfleet.fronts.requester.fairness_key`),
 else one key for every request.
 
 What differs is that the EPP answers Envoy before the AgentSession of a new session
@@ -25,19 +25,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from sessionfleet.policy.placement import PlacementRequest, place
-from sessionfleet.router.admission import NewSessionLimiter, SessionRates
-from sessionfleet.router.bindings import BindingTable, SessionView, WorkerView
-from sessionfleet.router.errors import RouterError
-from sessionfleet.router.identity import (
+from sessionfleet.fronts.admission import NewSessionLimiter, SessionRates
+from sessionfleet.fronts.bindings import BindingTable, SessionView, WorkerView
+from sessionfleet.fronts.errors import RouterError
+from sessionfleet.fronts.identity import (
     HeaderConfig,
     Identity,
     IdentityError,
     identify,
     session_object_name,
 )
-from sessionfleet.router.requester import fairness_key
-from sessionfleet.router.routing import bound_worker
+from sessionfleet.fronts.requester import fairness_key
+from sessionfleet.fronts.routing import bound_worker
+from sessionfleet.policy.placement import PlacementRequest, place
 
 MODEL_HEADER = "x-gateway-model-name"
 """Where GAIE's body-based router puts the model when the EPP sees no body."""

@@ -57,8 +57,8 @@ from envoy.type.v3 import http_status_pb2
 from sessionfleet.engines import FORWARDED_SESSION_HEADER
 from sessionfleet.engines.vllm import Usage
 from sessionfleet.epp.picker import EndpointPicker, Held, Route
-from sessionfleet.router.body import TAIL_BYTES, BodyError, find_model, usage_in_body, usage_in_tail
-from sessionfleet.router.errors import REASON_HEADER, RouterError
+from sessionfleet.fronts.body import TAIL_BYTES, BodyError, find_model, usage_in_body, usage_in_tail
+from sessionfleet.fronts.errors import REASON_HEADER, RouterError
 
 DESTINATION_ENDPOINT: Final = "x-gateway-destination-endpoint"
 DESTINATION_NAMESPACE: Final = "envoy.lb"

@@ -7,13 +7,13 @@ fed the stream's messages and answered with what it returns. Around it:
   change of the bindings at most ``hold_timeout`` seconds, then is answered 503
   ``session_held`` with ``Retry-After`` (docs/epp.md, "Held sessions"; the default is
   not to wait, since Envoy's ``message_timeout`` is 200 ms unless configured); turns
-  are held and counted by the router's own :class:`~sessionfleet.router.turns.Turns`,
+  are held and counted by the router's own :class:`~sessionfleet.fronts.turns.Turns`,
   so both fronts signal the migration handshake alike;
 * the AgentSession of a new session is created in the background with the EPP's choice
-  as ``workerHint`` (:class:`sessionfleet.router.kubesync.SessionCreator`): the answer
+  as ``workerHint`` (:class:`sessionfleet.fronts.kubesync.SessionCreator`): the answer
   to Envoy never waits for the API server;
-* a turn's usage goes into the same :class:`~sessionfleet.router.ledger.UsageLedger`
-  the router uses, written by the router's :class:`~sessionfleet.router.kubesync.Flusher`;
+* a turn's usage goes into the same :class:`~sessionfleet.fronts.ledger.UsageLedger`
+  the router uses, written by the router's :class:`~sessionfleet.fronts.kubesync.Flusher`;
 * the gRPC health service answers ``liveness`` always, and ``readiness`` and
   ``envoy.service.ext_proc.v3.ExternalProcessor`` once the bindings are loaded, as the
   EPP protocol names them.
@@ -35,15 +35,15 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from sessionfleet.epp.picker import EndpointPicker, NewSession, PickerConfig, Route
 from sessionfleet.epp.protocol import Exchange, ExchangeSettings, TurnOutcome
+from sessionfleet.fronts.bindings import BindingTable
+from sessionfleet.fronts.errors import RouterError
+from sessionfleet.fronts.handshake import Acknowledger, LeaseKeeper
+from sessionfleet.fronts.kubesync import Flusher, SessionCreator, watch_sessions, watch_workers
+from sessionfleet.fronts.ledger import UsageLedger, turn_totals
+from sessionfleet.fronts.metrics import RouterMetrics
+from sessionfleet.fronts.turns import Turns
 from sessionfleet.kube import Kube
 from sessionfleet.resources.leases import LeaseSlots
-from sessionfleet.router.bindings import BindingTable
-from sessionfleet.router.errors import RouterError
-from sessionfleet.router.handshake import Acknowledger, LeaseKeeper
-from sessionfleet.router.kubesync import Flusher, SessionCreator, watch_sessions, watch_workers
-from sessionfleet.router.ledger import UsageLedger, turn_totals
-from sessionfleet.router.metrics import RouterMetrics
-from sessionfleet.router.turns import Turns
 from sessionfleet.supervise import EXIT_TASK_FAILED, Supervisor
 
 logger = logging.getLogger("sessionfleet.epp")

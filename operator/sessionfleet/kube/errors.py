@@ -58,7 +58,7 @@ class NotLeading(KubeError):
     """Refused here, never sent: this process does not hold the leadership now.
 
     Raised by a :class:`~sessionfleet.kube.client.Kube` with a write gate, for every
-    request but a read, once the gate closes (see :mod:`sessionfleet.leader`).
+    request but a read, once the gate closes (see :mod:`sessionfleet.operator.leader`).
     """
 
 

@@ -49,6 +49,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
 )
 from vllm.logger import init_logger
 
+from sessionfleet.engines.kvstore_wire import CONTROL_KEY, TOKEN_ENV
 from sessionfleet.kvstore.plan import RequestBlocks, loadable_blocks, session_tag
 from sessionfleet.kvstore.store import (
     BlockStore,
@@ -57,7 +58,6 @@ from sessionfleet.kvstore.store import (
     describe,
     layout_fingerprint,
 )
-from sessionfleet.kvstore.wire import CONTROL_KEY, TOKEN_ENV
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig

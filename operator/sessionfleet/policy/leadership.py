@@ -13,7 +13,7 @@ controller manager follows:
 * Every write of the Lease carries the resourceVersion it was decided from, so of two
   candidates racing for an expired Lease exactly one wins (the other gets 409).
 
-:class:`LeaderElector <sessionfleet.leader.LeaderElector>` does the I/O.
+:class:`LeaderElector <sessionfleet.operator.leader.LeaderElector>` does the I/O.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from sessionfleet.api import HoldMechanism
-from sessionfleet.resources.labels import CA_SAFE_TO_EVICT, KARPENTER_DO_NOT_DISRUPT
+from sessionfleet.api.labels import CA_SAFE_TO_EVICT, KARPENTER_DO_NOT_DISRUPT
 
 
 @dataclass(frozen=True, slots=True)

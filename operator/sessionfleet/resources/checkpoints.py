@@ -13,7 +13,7 @@ from sessionfleet.api import (
     WorkerCheckpoint,
     WorkerCheckpointSpec,
 )
-from sessionfleet.resources.labels import MANAGED_BY, PROVENANCE_ANNOTATION, WORKER_LABEL
+from sessionfleet.api.labels import MANAGED_BY, PROVENANCE_ANNOTATION, WORKER_LABEL
 from sessionfleet.resources.pods import owner_reference
 from sessionfleet.resources.status import wire
 

@@ -11,7 +11,7 @@ import json
 from typing import Any, Final
 
 from sessionfleet.api import CheckpointDriver, EngineType, InferenceWorker, KVStoreType
-from sessionfleet.kvstore.wire import CONNECTOR_CLASS, CONNECTOR_MODULE, TOKEN_ENV
+from sessionfleet.engines.kvstore_wire import CONNECTOR_CLASS, CONNECTOR_MODULE, TOKEN_ENV
 from sessionfleet.resources.names import label_value
 
 KV_TRANSFER_FLAG: Final = "--kv-transfer-config"

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from sessionfleet.api import InferenceWorker
-from sessionfleet.resources.labels import SPEC_HASH_ANNOTATION, WORKER_LABEL
+from sessionfleet.api.labels import SPEC_HASH_ANNOTATION, WORKER_LABEL
 from sessionfleet.resources.pods import owner_reference, worker_labels
 
 NETWORK_POLICY_API_VERSION: Final = "networking.k8s.io/v1"

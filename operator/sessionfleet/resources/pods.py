@@ -8,9 +8,7 @@ from typing import Any, TypedDict
 
 from sessionfleet._version import __version__
 from sessionfleet.api import API_VERSION, CheckpointDriver, EngineType, InferenceWorker
-from sessionfleet.policy.worker import pod_name
-from sessionfleet.resources.kvstore import kv_store_args, kv_store_env
-from sessionfleet.resources.labels import (
+from sessionfleet.api.labels import (
     CA_SAFE_TO_EVICT,
     EPOCH_LABEL,
     KARPENTER_DO_NOT_DISRUPT,
@@ -18,6 +16,8 @@ from sessionfleet.resources.labels import (
     MODEL_LABEL,
     WORKER_LABEL,
 )
+from sessionfleet.policy.worker import pod_name
+from sessionfleet.resources.kvstore import kv_store_args, kv_store_env
 from sessionfleet.resources.names import label_value
 
 # vLLM's block hashes (and so the KV store's file names) start from a seed that

@@ -16,7 +16,7 @@ from pydantic import BaseModel
 
 from sessionfleet.api import AgentSession, AgentSessionSpec
 from sessionfleet.api._common import ObjectMeta
-from sessionfleet.resources.labels import (
+from sessionfleet.api.labels import (
     CREATED_BY_ANNOTATION,
     OWNER_LABEL,
     SERVED_BY_ANNOTATION,

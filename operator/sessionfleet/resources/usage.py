@@ -1,6 +1,6 @@
 """The router's usage status patch of an AgentSession, built from the API model: pure.
 
-The router's ledger (:mod:`sessionfleet.router.ledger`) decides the figures: the sums
+The router's ledger (:mod:`sessionfleet.fronts.ledger`) decides the figures: the sums
 of what was observed and what is pending, the hit rate and which turn was first. This
 module only shapes them into the conditional merge patch the router writes.
 """

@@ -9,7 +9,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sessionfleet.cliargs import non_negative_float, positive_float, positive_int
-from sessionfleet.resources.leases import DEFAULT_SLOTS, LeaseSlots
+from sessionfleet.fronts.options import (
+    add_fleet_arguments,
+    default_namespace,
+    lease_slots_from_args,
+)
 from sessionfleet.router.limits import (
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_HEADER_BYTES,
@@ -27,68 +31,6 @@ and OpenCode send; a session's first turn is placed on a Ready InferenceWorker a
 recorded as an AgentSession; later turns go to that worker with no API call; usage is
 written to the session's status in coalesced patches. See docs/router.md.
 """
-
-NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
-
-
-def default_namespace() -> str:
-    """Return the pod's namespace in a cluster, else ``default``."""
-    try:
-        return NAMESPACE_FILE.read_text().strip() or "default"
-    except OSError:
-        return "default"
-
-
-def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add the flags the router and the Endpoint Picker share.
-
-    Where the bindings live, who this replica is, and which headers carry a session.
-    """
-    parser.add_argument(
-        "--namespace",
-        default=None,
-        help="namespace of the InferenceWorkers and AgentSessions (default: the pod's, or default)",
-    )
-    parser.add_argument(
-        "--kubeconfig",
-        default=None,
-        help="kubeconfig file (default: in-cluster config in a pod, else $KUBECONFIG)",
-    )
-    parser.add_argument(
-        "--replica",
-        default=None,
-        help="this replica's name, recorded on sessions it creates (default: $POD_NAME or host)",
-    )
-    parser.add_argument(
-        "--lease-prefix",
-        default=None,
-        help="the replicas hold the Leases <prefix>-0 … <prefix>-<slots-1>, one each, so "
-        "that their Role can name them (default: router, or epp)",
-    )
-    parser.add_argument(
-        "--lease-slots",
-        type=positive_int,
-        default=DEFAULT_SLOTS,
-        help=f"how many such Leases; more than the replicas ever running at once "
-        f"(default: {DEFAULT_SLOTS})",
-    )
-    headers = parser.add_argument_group("session headers")
-    headers.add_argument(
-        "--session-header",
-        default="X-Session-Id",
-        help="header with the session id (default: X-Session-Id); the "
-        "Claude Code, Codex and OpenCode headers are recognised as well",
-    )
-    headers.add_argument(
-        "--parent-header",
-        default="X-Parent-Session-Id",
-        help="header with the parent session id (default: X-Parent-Session-Id)",
-    )
-    headers.add_argument(
-        "--final-header",
-        default="X-Session-Final",
-        help="header marking a session's last turn (default: X-Session-Final)",
-    )
 
 
 def add_parser(commands: Any) -> argparse.ArgumentParser:
@@ -242,18 +184,13 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     return parser
 
 
-def lease_slots_from_args(args: argparse.Namespace, default_prefix: str) -> LeaseSlots:
-    """Return the slot Leases the replica picks its own from."""
-    return LeaseSlots(args.lease_prefix or default_prefix, args.lease_slots)
-
-
 def settings_from_args(args: argparse.Namespace) -> RouterSettings:
     """Return the router's settings from the parsed flags."""
-    from sessionfleet.router.admission import SessionRates
-    from sessionfleet.router.identity import HeaderConfig
+    from sessionfleet.fronts.admission import SessionRates
+    from sessionfleet.fronts.identity import HeaderConfig
+    from sessionfleet.fronts.requester import TrustedProxies, parse_networks
     from sessionfleet.router.limits import IntakeLimits
     from sessionfleet.router.proxy import RouterConfig
-    from sessionfleet.router.requester import TrustedProxies, parse_networks
     from sessionfleet.router.server import RouterSettings
 
     return RouterSettings(

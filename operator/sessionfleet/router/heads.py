@@ -32,7 +32,7 @@ from aiohttp.web_request import BaseRequest
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from sessionfleet.engines.anthropic import is_messages_path
-from sessionfleet.router.errors import REASON_HEADER, RouterError
+from sessionfleet.fronts.errors import REASON_HEADER, RouterError
 from sessionfleet.router.intake import BodyBudget
 from sessionfleet.router.limits import IntakeLimits
 

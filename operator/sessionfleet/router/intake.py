@@ -27,7 +27,7 @@ from typing import Final
 
 from aiohttp import web
 
-from sessionfleet.router.errors import RouterError
+from sessionfleet.fronts.errors import RouterError
 from sessionfleet.router.limits import IntakeLimits
 
 _ACCEPTED_TYPES: Final = frozenset(

@@ -18,7 +18,7 @@ from typing import Final
 from aiohttp import web
 
 from sessionfleet.engines.anthropic import is_messages_path
-from sessionfleet.router.errors import RouterError
+from sessionfleet.fronts.errors import RouterError
 
 SERVED_POSTS: Final = frozenset(
     {

@@ -31,9 +31,9 @@ from yarl import URL
 from sessionfleet.engines import FORWARDED_SESSION_HEADER
 from sessionfleet.engines.anthropic import error_event, is_messages_path
 from sessionfleet.engines.vllm import Usage
-from sessionfleet.router.admission import ApiKeys, AuthError, SessionRates
-from sessionfleet.router.bindings import BindingTable, SessionView, WorkerView
-from sessionfleet.router.body import (
+from sessionfleet.fronts.admission import ApiKeys, AuthError, SessionRates
+from sessionfleet.fronts.bindings import BindingTable, SessionView, WorkerView
+from sessionfleet.fronts.body import (
     HEAD_BYTES,
     TAIL_BYTES,
     BodyError,
@@ -41,16 +41,16 @@ from sessionfleet.router.body import (
     usage_in_body,
     usage_in_stream,
 )
-from sessionfleet.router.errors import RouterError
-from sessionfleet.router.identity import HeaderConfig, Identity, IdentityError, identify
+from sessionfleet.fronts.errors import RouterError
+from sessionfleet.fronts.identity import HeaderConfig, Identity, IdentityError, identify
+from sessionfleet.fronts.kubesync import Flusher, SessionCreator
+from sessionfleet.fronts.ledger import UsageLedger, turn_totals
+from sessionfleet.fronts.metrics import RouterMetrics
+from sessionfleet.fronts.requester import FORWARDED_FOR, TrustedProxies, requester_key
+from sessionfleet.fronts.routing import bound_worker
+from sessionfleet.fronts.turns import Turns
 from sessionfleet.router.intake import Intake
-from sessionfleet.router.kubesync import Flusher, SessionCreator
-from sessionfleet.router.ledger import UsageLedger, turn_totals
 from sessionfleet.router.limits import IntakeLimits
-from sessionfleet.router.metrics import RouterMetrics
-from sessionfleet.router.requester import FORWARDED_FOR, TrustedProxies, requester_key
-from sessionfleet.router.routing import bound_worker
-from sessionfleet.router.turns import Turns
 
 logger = logging.getLogger("sessionfleet.router")
 

@@ -17,22 +17,22 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
-from sessionfleet.kube import Kube
-from sessionfleet.resources.leases import LeaseSlots
-from sessionfleet.router.admission import ApiKeys, NewSessionLimiter
-from sessionfleet.router.bindings import BindingTable
-from sessionfleet.router.errors import REASON_HEADER, RouterError
-from sessionfleet.router.handshake import Acknowledger, LeaseKeeper
-from sessionfleet.router.heads import HeadGuard, bounded_handler, head_limit
-from sessionfleet.router.kubesync import (
+from sessionfleet.fronts.admission import ApiKeys, NewSessionLimiter
+from sessionfleet.fronts.bindings import BindingTable
+from sessionfleet.fronts.errors import REASON_HEADER, RouterError
+from sessionfleet.fronts.handshake import Acknowledger, LeaseKeeper
+from sessionfleet.fronts.kubesync import (
     FLUSH_TICK,
     Flusher,
     SessionCreator,
     watch_sessions,
     watch_workers,
 )
-from sessionfleet.router.ledger import UsageLedger
-from sessionfleet.router.metrics import RouterMetrics
+from sessionfleet.fronts.ledger import UsageLedger
+from sessionfleet.fronts.metrics import RouterMetrics
+from sessionfleet.kube import Kube
+from sessionfleet.resources.leases import LeaseSlots
+from sessionfleet.router.heads import HeadGuard, bounded_handler, head_limit
 from sessionfleet.router.paths import SERVED_POSTS, only_served_paths
 from sessionfleet.router.proxy import Proxy, RouterConfig
 from sessionfleet.supervise import EXIT_TASK_FAILED, Supervisor

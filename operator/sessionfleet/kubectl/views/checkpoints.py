@@ -14,9 +14,9 @@ from sessionfleet.api import (
     WorkerCheckpointSpec,
     parse,
 )
+from sessionfleet.api.labels import WORKER_LABEL
 from sessionfleet.kubectl.views.format import NONE
 from sessionfleet.kubectl.views.snapshot import Body, condition
-from sessionfleet.resources.labels import WORKER_LABEL
 
 
 def manual_checkpoint(worker: str, namespace: str) -> dict[str, Any]:

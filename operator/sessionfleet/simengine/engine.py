@@ -20,9 +20,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from sessionfleet.engines import vllm
-from sessionfleet.engines.sim.cache import CacheSnapshot, PrefixCache, SessionRecord, SnapshotError
-from sessionfleet.engines.sim.cost import FREE, CostModel
-from sessionfleet.engines.sim.tokenizer import ROOT_HASH, chain_hash, filler_words, split_blocks
+from sessionfleet.simengine.cache import CacheSnapshot, PrefixCache, SessionRecord, SnapshotError
+from sessionfleet.simengine.cost import FREE, CostModel
+from sessionfleet.simengine.tokenizer import ROOT_HASH, chain_hash, filler_words, split_blocks
 
 MAX_TRACKED_SESSIONS: Final = 4096
 """Sessions whose block chains are remembered for per-session export (LRU beyond)."""

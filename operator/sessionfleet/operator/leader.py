@@ -256,44 +256,9 @@ class LeaderElector:
             log.warning("leader election: cannot release Lease %s: %s", self.lease, error)
 
 
-class Solo:
-    """No election: this process is the only writer (``--leader-elect`` not given)."""
-
-    def __init__(self) -> None:
-        self.acquired = asyncio.Event()
-        self.acquired.set()
-        self.identity = "solo"
-        self.lease = ""
-
-    @property
-    def leading(self) -> bool:
-        """Always: nobody else writes."""
-        return True
-
-    @property
-    def in_touch(self) -> bool:
-        """Always: there is no Lease to reach."""
-        return True
-
-    @property
-    def holder(self) -> str | None:
-        """Return this process's identity."""
-        return self.identity
-
-    async def run(self) -> None:
-        """Nothing to renew."""
-
-    async def release(self) -> None:
-        """Nothing to release."""
-
-
-Leadership = LeaderElector | Solo
-
 __all__ = [
     "DEFAULT_LEASE_NAME",
     "LeaderElector",
-    "Leadership",
     "LeadershipLost",
-    "Solo",
     "default_identity",
 ]

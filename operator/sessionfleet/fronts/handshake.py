@@ -9,7 +9,7 @@
   ``ack.sessionfleet.dev/<replica>: <migratingSince>``. The front holds the session's
   next turns meanwhile (Migrating is a held phase), so once acknowledged no new turn
   can start here until the operator has rebound the session. Turns are counted and
-  held by the front's :class:`~sessionfleet.router.turns.Turns`, the same in the router
+  held by the front's :class:`~sessionfleet.fronts.turns.Turns`, the same in the router
   and the EPP.
 """
 
@@ -21,6 +21,8 @@ import time
 from datetime import UTC, datetime
 from typing import Any, Final
 
+from sessionfleet.fronts.bindings import BindingTable
+from sessionfleet.fronts.turns import Turns
 from sessionfleet.kube import LEASES, SESSIONS, Conflict, Kube, KubeError, NotFound
 from sessionfleet.policy.handshake import ACK_PREFIX
 from sessionfleet.resources.leases import (
@@ -32,8 +34,6 @@ from sessionfleet.resources.leases import (
     slot_claimable,
 )
 from sessionfleet.resources.sessions import acknowledgement_patch
-from sessionfleet.router.bindings import BindingTable
-from sessionfleet.router.turns import Turns
 
 logger = logging.getLogger("sessionfleet.router")
 

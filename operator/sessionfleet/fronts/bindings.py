@@ -24,14 +24,14 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from sessionfleet.api import SessionPhase, WorkerPhase
-from sessionfleet.policy.holds import context_tokens, holds_worker, takes_new_sessions
-from sessionfleet.policy.placement import WorkerLoad
-from sessionfleet.resources.labels import (
+from sessionfleet.api.labels import (
     CREATED_BY_ANNOTATION,
     OWNER_LABEL,
     SERVED_BY_ANNOTATION,
 )
-from sessionfleet.router.ledger import Totals
+from sessionfleet.fronts.ledger import Totals
+from sessionfleet.policy.holds import context_tokens, holds_worker, takes_new_sessions
+from sessionfleet.policy.placement import WorkerLoad
 
 SERVING_PHASES: Final = frozenset({WorkerPhase.READY.value, WorkerPhase.DRAINING.value})
 """A worker in these phases serves the sessions bound to it (a draining one takes no new)."""

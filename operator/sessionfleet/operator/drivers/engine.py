@@ -33,7 +33,7 @@ from sessionfleet.checkpoint.driver import (
     check_gate,
 )
 from sessionfleet.checkpoint.paths import session_directory
-from sessionfleet.kvstore.wire import CONTROL_KEY
+from sessionfleet.engines.kvstore_wire import CONTROL_KEY
 
 
 class UnknownToEngine(DriverError):

@@ -14,8 +14,8 @@ Pure: no I/O.
 from __future__ import annotations
 
 from sessionfleet.api import SessionPhase
-from sessionfleet.router.bindings import HELD_PHASES, BindingTable, SessionView, WorkerView
-from sessionfleet.router.errors import RouterError
+from sessionfleet.fronts.bindings import HELD_PHASES, BindingTable, SessionView, WorkerView
+from sessionfleet.fronts.errors import RouterError
 
 
 def bound_worker(table: BindingTable, session: SessionView) -> WorkerView | str:

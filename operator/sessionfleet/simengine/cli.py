@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sessionfleet.cliargs import non_negative_float, positive_int
-from sessionfleet.engines.sim.cost import FREE, REALISTIC, CostModel
+from sessionfleet.simengine.cost import FREE, REALISTIC, CostModel
 
 if TYPE_CHECKING:
-    from sessionfleet.engines.sim.engine import EngineConfig
+    from sessionfleet.simengine.engine import EngineConfig
 
 DESCRIPTION = """\
 SIMULATOR - not a model. Serves vLLM's OpenAI-compatible API (/v1/chat/completions,
@@ -160,7 +160,7 @@ def cost_model(args: argparse.Namespace) -> CostModel:
 
 def config_from_args(args: argparse.Namespace) -> EngineConfig:
     """Return the engine configuration the flags describe."""
-    from sessionfleet.engines.sim.engine import EngineConfig
+    from sessionfleet.simengine.engine import EngineConfig
 
     if args.kv_tokens < args.block_size:
         raise SystemExit("sim-engine: --kv-tokens must hold at least one block")
@@ -188,8 +188,8 @@ def run(args: argparse.Namespace) -> int:
     )
     # The server (aiohttp, prometheus_client) is imported only when it runs, so that
     # every other subcommand starts without it.
-    from sessionfleet.engines.sim.cache import SnapshotError
-    from sessionfleet.engines.sim.server import serve
+    from sessionfleet.simengine.cache import SnapshotError
+    from sessionfleet.simengine.server import serve
 
     config = config_from_args(args)
     try:

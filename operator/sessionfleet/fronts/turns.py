@@ -7,7 +7,7 @@ Both fronts use one :class:`Turns`, so they count and hold alike:
   and, for a session's turn, the session's turns in flight here;
 * :attr:`Turns.ended_event` is set when a session's **last** turn in flight here ends,
   that is when its count reaches zero. The migration handshake
-  (:class:`~sessionfleet.router.handshake.Acknowledger`) listens to it: it acknowledges
+  (:class:`~sessionfleet.fronts.handshake.Acknowledger`) listens to it: it acknowledges
   a Migrating session only at a turn boundary, with no turn of it in flight here, so a
   signal while another turn of the session still runs would only wake it for nothing;
 * :meth:`Turns.hold` is how a turn waits while its session cannot be routed (Migrating,
@@ -24,8 +24,8 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import TypeVar
 
-from sessionfleet.router.bindings import BindingTable, WorkerView
-from sessionfleet.router.metrics import RouterMetrics
+from sessionfleet.fronts.bindings import BindingTable, WorkerView
+from sessionfleet.fronts.metrics import RouterMetrics
 
 Released = TypeVar("Released")
 

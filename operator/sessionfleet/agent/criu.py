@@ -1,16 +1,13 @@
-"""The ``criu`` driver: checkpoint a GPU process with the CUDA API and CRIU, on its node.
+"""The node half of the ``criu`` driver: checkpoint a GPU process with the CUDA API and CRIU.
 
-Two halves:
-
-- on the node, the agent (``sessionfleet agent``) runs :class:`NodeCheckpointer`: it
-  refuses with the node's reasons when :mod:`.capability` says no, finds the engine's
-  process, and walks the state machine of :mod:`.criu_machine` with an executor
-  (:class:`ProcessCheckpointer`) that performs each action through three small
-  interfaces — :class:`CudaControl` (``cuCheckpointProcess*`` through ctypes,
-  :mod:`.cuda`), :class:`CriuRunner` (the ``criu`` command) and :class:`EngineControl`
-  (the engine's ``/pause?mode=keep`` and ``/resume``);
-- in the operator, :class:`CriuDriver` implements the driver interface by asking the
-  agent on the worker's node (``POST /checkpoint``, ``POST /restore``).
+The agent (``sessionfleet agent``) runs :class:`NodeCheckpointer`: it refuses with the
+node's reasons when :mod:`.capability` says no, finds the engine's process, and walks
+the state machine of :mod:`.criu_machine` with an executor (:class:`ProcessCheckpointer`)
+that performs each action through three small interfaces — :class:`CudaControl`
+(``cuCheckpointProcess*`` through ctypes, :mod:`.cuda`), :class:`CriuRunner` (the
+``criu`` command) and :class:`EngineControl` (the engine's ``/pause?mode=keep`` and
+``/resume``). The operator's half, :class:`~sessionfleet.operator.drivers.criu.CriuDriver`,
+asks this agent over HTTPS (``POST /checkpoint``, ``POST /restore``).
 
 The order matters: the engine is paused first (``mode=keep``: in-flight requests freeze
 between steps and the KV cache stays), the CUDA API then moves GPU memory to host memory
@@ -41,10 +38,8 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from sessionfleet.api import CheckpointDriver, EngineType
-from sessionfleet.checkpoint.agent_tokens import AgentTokens, agent_ssl_context
-from sessionfleet.checkpoint.capability import MIN_DRIVER_REMAP, Capability
-from sessionfleet.checkpoint.criu_machine import (
+from sessionfleet.agent.capability import MIN_DRIVER_REMAP, Capability
+from sessionfleet.agent.criu_machine import (
     SUCCEEDED,
     Action,
     Operation,
@@ -55,27 +50,18 @@ from sessionfleet.checkpoint.criu_machine import (
     start,
     step,
 )
-from sessionfleet.checkpoint.cuda import ProcessState, uuid_bytes
+from sessionfleet.agent.cuda import ProcessState, uuid_bytes
+from sessionfleet.checkpoint.agent_api import (
+    DEFAULT_LOCK_TIMEOUT_MS,
+    METADATA_FILE,
+    NAMESPACE_NAME,
+)
 from sessionfleet.checkpoint.driver import (
-    CheckpointOutcome,
-    CheckpointTarget,
-    DriverError,
     DriverUnavailable,
-    WriteGate,
-    check_gate,
 )
 from sessionfleet.checkpoint.paths import checked_path
-from sessionfleet.kube import NODES, PODS, Kube, KubeError
 
 log = logging.getLogger(__name__)
-
-AGENT_PORT = 9400
-"""The node agent's default port (``sessionfleet agent --port``)."""
-ENGINE_CONTAINER = "engine"
-"""The engine's container name in a worker pod (:mod:`sessionfleet.resources.pods`)."""
-METADATA_FILE = "sessionfleet-criu.json"
-"""Written next to CRIU's images: the process's GPUs, node and driver, for the restore."""
-DEFAULT_LOCK_TIMEOUT_MS = 30_000
 
 
 # --- the three interfaces the executor acts through -------------------------------------
@@ -495,7 +481,6 @@ _POD_UID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f
 # What a pod status's containerID holds: a runtime scheme and the 64 hex digits that the
 # container's cgroup names (agent.cgroups), so nothing else could match a process anyway.
 _CONTAINER_ID = re.compile(r"^(?:[a-z][a-z0-9+.-]{0,31}://)?[0-9a-f]{64}$", re.I)
-_NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _NAME_THE_CONTAINER = "podUID and containerID must name the engine's container"
 
 
@@ -562,7 +547,7 @@ def _location_and_endpoint(body: Mapping[str, Any]) -> tuple[Path, str, str]:
             f"endpoint must be the engine's http:// URL of at most {MAX_ENDPOINT_CHARS} characters"
         )
     namespace = body.get("namespace")
-    if not isinstance(namespace, str) or not _NAMESPACE.match(namespace):
+    if not isinstance(namespace, str) or not NAMESPACE_NAME.match(namespace):
         raise ValueError("namespace must be the worker's namespace (a DNS label)")
     return images, endpoint, namespace
 
@@ -752,242 +737,3 @@ def read_metadata(images: Path) -> dict[str, Any]:
     if not isinstance(meta, dict):
         raise ValueError(f"{path} is not a JSON object")
     return meta
-
-
-# --- the operator side: the driver ------------------------------------------------
-
-AgentLocator = Callable[[str], Awaitable[str]]
-"""Node name to the base URL of the agent on that node."""
-
-
-def node_address_locator(kube: Kube, port: int = AGENT_PORT, scheme: str = "https") -> AgentLocator:
-    """Locate agents at their node's InternalIP (the agent's DaemonSet uses a hostPort)."""
-
-    async def locate(node: str) -> str:
-        try:
-            body = await kube.get(NODES, node)
-        except KubeError as error:
-            raise DriverError(f"cannot read node {node}: {error}") from error
-        for address in (body.get("status") or {}).get("addresses") or []:
-            if address.get("type") == "InternalIP" and address.get("address"):
-                host = str(address["address"])
-                return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
-        raise DriverError(f"node {node} has no InternalIP to reach its agent at")
-
-    return locate
-
-
-def container_id_of(pod: Mapping[str, Any], container: str) -> str:
-    """Return a container's runtime ID (``containerd://…``) from a pod's status, or ``""``."""
-    for status in (pod.get("status") or {}).get("containerStatuses") or []:
-        if status.get("name") == container:
-            return str(status.get("containerID") or "")
-    return ""
-
-
-class CriuDriver:
-    """Checkpoints a worker's whole engine process through the agent on its node.
-
-    The agent acts on other pods' processes and answers only callers it trusts: with
-    ``tokens``, the driver presents a token of the operator's ServiceAccount valid for
-    that one node (:class:`~sessionfleet.checkpoint.agent_tokens.AgentTokens`); else
-    ``token``, the agents' shared secret (their ``--token-file``). ``http`` should
-    check the agents' certificates as :func:`~.agent_tokens.agent_ssl_context` says.
-    """
-
-    name = CheckpointDriver.CRIU
-
-    def __init__(
-        self,
-        http: httpx.AsyncClient,
-        kube: Kube,
-        *,
-        locate: AgentLocator | None = None,
-        container: str = ENGINE_CONTAINER,
-        leave_running: bool = True,
-        lock_timeout_seconds: float = DEFAULT_LOCK_TIMEOUT_MS / 1000,
-        timeout: float = 900.0,
-        token: str | None = None,
-        tokens: AgentTokens | None = None,
-        write_gate: WriteGate | None = None,
-    ) -> None:
-        self.http = http
-        self.kube = kube
-        self.write_gate = write_gate
-        """Asked before every call to an agent (:func:`~.driver.check_gate`)."""
-        self.token = token
-        self.tokens = tokens
-        self.locate = locate or node_address_locator(kube)
-        self.container = container
-        self.leave_running = leave_running
-        self.lock_timeout_seconds = lock_timeout_seconds
-        self.timeout = timeout
-
-    async def _post(self, node: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        base = await self.locate(node)
-        token = self.token
-        if self.tokens is not None:
-            try:
-                token = await self.tokens.for_node(node)
-            except KubeError as error:
-                raise DriverError(f"no token for the node agent on {node}: {error}") from error
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        check_gate(self.write_gate, f"node agent on {node}: {path}")
-        try:
-            response = await self.http.post(
-                f"{base}{path}", json=body, headers=headers, timeout=self.timeout
-            )
-        except httpx.HTTPError as error:
-            raise DriverError(f"node agent on {node} unreachable at {base}: {error!r}") from error
-        try:
-            answer = response.json()
-        except ValueError:
-            answer = {"error": response.text[:300]}
-        if not isinstance(answer, dict):
-            answer = {"error": str(answer)[:300]}
-        if response.status_code == 503:
-            raise DriverUnavailable(f"node {node}: {answer.get('error') or response.text[:300]}")
-        if response.is_error:
-            phase = answer.get("phase")
-            said = answer.get("error") or response.text[:300]
-            if phase == Phase.FATAL.value:
-                said = f"{said} (the process was killed: recover with a cold start)"
-            raise DriverError(
-                f"node agent on {node}: {path} failed ({phase or response.status_code}): {said}"
-            )
-        return answer
-
-    def _where(self, target: CheckpointTarget) -> str:
-        if not target.node:
-            raise DriverError(f"worker {target.worker} has no node to checkpoint on")
-        return target.node
-
-    async def save(self, target: CheckpointTarget) -> CheckpointOutcome:
-        """Checkpoint the worker's engine process into ``target.location``."""
-        if target.sessions:
-            raise DriverUnavailable(
-                "the criu driver checkpoints a whole process, not single sessions: "
-                "per-session migration needs the engine driver"
-            )
-        node = self._where(target)
-        if not target.pod:
-            raise DriverError(f"worker {target.worker} has no pod to checkpoint")
-        try:
-            pod = await self.kube.get(PODS, target.pod, target.namespace)
-        except KubeError as error:
-            raise DriverError(
-                f"cannot read pod {target.namespace}/{target.pod}: {error}"
-            ) from error
-        uid = str((pod.get("metadata") or {}).get("uid") or "")
-        container_id = container_id_of(pod, self.container)
-        if not uid or not container_id:
-            raise DriverError(
-                f"pod {target.namespace}/{target.pod} has no running {self.container} container"
-            )
-        answer = await self._post(
-            node,
-            "/checkpoint",
-            {
-                "podUID": uid,
-                "containerID": container_id,
-                "endpoint": target.endpoint,
-                "imagesDir": target.location,
-                "namespace": target.namespace,
-                "leaveRunning": self.leave_running,
-                "lockTimeoutSeconds": self.lock_timeout_seconds,
-            },
-        )
-        return CheckpointOutcome(
-            location=target.location,
-            seconds=float(answer.get("seconds", 0.0)),
-            size_bytes=int(answer.get("sizeBytes", 0)),
-        )
-
-    async def load(self, target: CheckpointTarget) -> CheckpointOutcome:
-        """Restore the process saved at ``target.location`` on the target's node."""
-        node = self._where(target)
-        answer = await self._post(
-            node,
-            "/restore",
-            {
-                "imagesDir": target.location,
-                "namespace": target.namespace,
-                "endpoint": target.endpoint,
-            },
-        )
-        return CheckpointOutcome(
-            location=target.location, seconds=float(answer.get("seconds", 0.0))
-        )
-
-    def restore_args(self, engine: EngineType, location: str) -> list[str]:
-        """Nothing: a CRIU restore recreates the process instead of starting an engine."""
-        return []
-
-
-def service_account_ref(text: str) -> tuple[str, str]:
-    """Return ``(namespace, name)`` of ``NAMESPACE/NAME``; :class:`ValueError` if malformed."""
-    namespace, _, name = text.partition("/")
-    if not _NAMESPACE.match(namespace) or not re.fullmatch(
-        r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?", name
-    ):
-        raise ValueError(f"not NAMESPACE/NAME of a ServiceAccount: {text!r}")
-    return namespace, name
-
-
-@dataclass(frozen=True, slots=True)
-class AgentAccess:
-    """How the operator reaches and authenticates to the node agents (its ``--agent-*`` flags)."""
-
-    port: int = AGENT_PORT
-    token_file: str | None = None
-    """The agents' static shared secret (agents started with ``--token-file``)."""
-    service_account: str | None = None
-    """``NAMESPACE/NAME`` of the operator's ServiceAccount: a token per node (TokenRequest)."""
-    ca_file: str | None = None
-    """The CA that signed the agents' certificates; ``None``: encrypted, unverified."""
-
-    def driver(self, kube: Kube, write_gate: WriteGate | None = None) -> CriuDriver | None:
-        """Return the criu driver, or ``None`` when the operator has no way to authenticate."""
-        token, tokens = None, None
-        if self.service_account:
-            namespace, name = service_account_ref(self.service_account)
-            tokens = AgentTokens(kube, namespace, name)
-        elif self.token_file:
-            token = Path(self.token_file).read_text().strip()
-        else:
-            return None
-        http = httpx.AsyncClient(verify=agent_ssl_context(self.ca_file))
-        locate = node_address_locator(kube, self.port)
-        return CriuDriver(
-            http, kube, locate=locate, token=token, tokens=tokens, write_gate=write_gate
-        )
-
-
-__all__ = [
-    "AGENT_PORT",
-    "AgentAccess",
-    "ENGINE_CONTAINER",
-    "METADATA_FILE",
-    "AgentLocator",
-    "Busy",
-    "CheckpointRequest",
-    "CriuCli",
-    "CriuDriver",
-    "CriuError",
-    "CriuRunner",
-    "CudaControl",
-    "EngineControl",
-    "EngineError",
-    "HttpEngine",
-    "NodeCheckpointer",
-    "ProcessCheckpointer",
-    "RestoreRequest",
-    "Run",
-    "StepRecord",
-    "container_id_of",
-    "gpu_pairs",
-    "kill_process",
-    "node_address_locator",
-    "read_metadata",
-    "service_account_ref",
-]

@@ -33,7 +33,7 @@ from itertools import repeat
 from pathlib import Path
 from typing import Any, Final
 
-from sessionfleet.engines.sim.tokenizer import HASH_BYTES
+from sessionfleet.simengine.tokenizer import HASH_BYTES
 
 SNAPSHOT_FORMAT: Final = "sessionfleet-sim-cache/v1"
 MANIFEST_FILE: Final = "manifest.json"

@@ -38,7 +38,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from sessionfleet.engines.vllm import Usage
-from sessionfleet.router.bindings import BindingTable
+from sessionfleet.fronts.bindings import BindingTable
 
 LATENCY_BUCKETS = (
     0.0001,

@@ -34,6 +34,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, replace
 
+from sessionfleet.checkpoint.agent_api import FATAL_PHASE
+
 
 class Operation(enum.StrEnum):
     """What the machine does."""
@@ -71,7 +73,7 @@ class Phase(enum.StrEnum):
     """Done: the checkpoint failed and was undone; the engine serves as before."""
     KILLING = "Killing"
     """The process is being killed after a fatal failure."""
-    FATAL = "Fatal"
+    FATAL = FATAL_PHASE
     """Done: the process was killed (or is gone); recover with a cold start plus the KV store."""
 
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sessionfleet.checkpoint.cuda import LIBCUDA, CudaUnavailable, load_library
+from sessionfleet.agent.cuda import LIBCUDA, CudaUnavailable, load_library
 
 MIN_DRIVER = 570
 """The first driver branch with the CUDA checkpoint API and CRIU integration."""

@@ -52,15 +52,15 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from sessionfleet._version import __version__
 from sessionfleet.engines import FORWARDED_SESSION_HEADER, anthropic
-from sessionfleet.engines.sim.cache import SnapshotError, read_snapshot, write_snapshot
-from sessionfleet.engines.sim.engine import (
+from sessionfleet.simengine.cache import SnapshotError, read_snapshot, write_snapshot
+from sessionfleet.simengine.engine import (
     EngineCollector,
     EngineConfig,
     Generation,
     RequestError,
     SimEngine,
 )
-from sessionfleet.engines.sim.tokenizer import anthropic_chat, render_chat
+from sessionfleet.simengine.tokenizer import anthropic_chat, render_chat
 
 logger = logging.getLogger("sessionfleet.sim-engine")
 

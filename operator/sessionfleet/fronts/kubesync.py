@@ -30,6 +30,12 @@ from typing import Any, Final
 from pydantic import ValidationError
 
 from sessionfleet.api import AgentSessionSpec
+from sessionfleet.fronts.admission import NewSessionLimiter, SessionRates
+from sessionfleet.fronts.bindings import BindingTable, SessionView
+from sessionfleet.fronts.errors import RouterError
+from sessionfleet.fronts.identity import Identity, session_object_name
+from sessionfleet.fronts.ledger import Totals, UsageLedger, status_patch, write_marks
+from sessionfleet.fronts.metrics import RouterMetrics
 from sessionfleet.kube import (
     SESSIONS,
     WORKERS,
@@ -44,12 +50,6 @@ from sessionfleet.kube import (
 from sessionfleet.policy.placement import PlacementRequest, place
 from sessionfleet.resources.names import label_value
 from sessionfleet.resources.sessions import agent_session, finished_patch, served_by_patch
-from sessionfleet.router.admission import NewSessionLimiter, SessionRates
-from sessionfleet.router.bindings import BindingTable, SessionView
-from sessionfleet.router.errors import RouterError
-from sessionfleet.router.identity import Identity, session_object_name
-from sessionfleet.router.ledger import Totals, UsageLedger, status_patch, write_marks
-from sessionfleet.router.metrics import RouterMetrics
 
 logger = logging.getLogger("sessionfleet.router")
 

@@ -13,10 +13,11 @@ from typing import Any
 import httpx
 
 from sessionfleet.api import parse_duration
-from sessionfleet.checkpoint.criu import AGENT_PORT, AgentAccess, service_account_ref
+from sessionfleet.checkpoint.agent_api import AGENT_PORT
 from sessionfleet.cliargs import fraction, non_negative_float, positive_float, positive_int
 from sessionfleet.controllers.config import OperatorConfig
-from sessionfleet.leader import DEFAULT_LEASE_NAME
+from sessionfleet.operator.drivers.criu import AgentAccess, service_account_ref
+from sessionfleet.operator.leader import DEFAULT_LEASE_NAME
 from sessionfleet.policy.leadership import ElectionTiming
 from sessionfleet.resources.networkpolicies import parse_peers
 from sessionfleet.resources.pods import EngineImages
@@ -369,7 +370,7 @@ async def run_operator(
     Kubernetes restarts it rather than leaving a process that answers but decides nothing.
 
     With ``election``, the process stands by until it holds the Lease; every write of
-    its API clients is refused unsent while it does not (:mod:`sessionfleet.leader`),
+    its API clients is refused unsent while it does not (:mod:`sessionfleet.operator.leader`),
     and losing the Lease stops it like a dead task does.
 
     The ``engine`` and ``kubelet`` checkpoint drivers are always available (the second
@@ -383,8 +384,6 @@ async def run_operator(
     from sessionfleet import __version__
     from sessionfleet.api import CheckpointDriver
     from sessionfleet.checkpoint import Driver
-    from sessionfleet.checkpoint.engine import EngineDriver
-    from sessionfleet.checkpoint.kubelet import KubeletDriver
     from sessionfleet.controllers import (
         handlers,  # noqa: F401 - registers the handlers
         kopfstart,
@@ -397,11 +396,14 @@ async def run_operator(
     from sessionfleet.controllers.fleet import Fleet
     from sessionfleet.controllers.health import serve_health
     from sessionfleet.controllers.kopfcompat import Insights
+    from sessionfleet.controllers.leadership import Leadership, Solo
     from sessionfleet.controllers.sessionbook import SessionBook
     from sessionfleet.controllers.turns import WriteTurns
     from sessionfleet.controllers.work import WorkQueue
     from sessionfleet.kube import SESSIONS, Kube, KubeConfig
-    from sessionfleet.leader import LeaderElector, Leadership, Solo, default_identity
+    from sessionfleet.operator.drivers.engine import EngineDriver
+    from sessionfleet.operator.drivers.kubelet import KubeletDriver
+    from sessionfleet.operator.leader import LeaderElector, default_identity
     from sessionfleet.policy.events import Coalescer
 
     operator_log = logging.getLogger("sessionfleet.operator")
