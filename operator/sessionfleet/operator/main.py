@@ -44,6 +44,17 @@ def add_parser(commands: Any) -> None:
         description="Run the sessionfleet operator against the cluster in the kubeconfig "
         "(or the pod's ServiceAccount).",
     )
+    _add_session_flags(parser)
+    _add_engine_and_checkpoint_flags(parser)
+    _add_agent_flags(parser)
+    _add_election_flags(parser)
+    _add_serving_flags(parser)
+    # Checks across flags need the parser to report them as usage errors (status 2).
+    parser.set_defaults(func=_run, parser_error=parser.error)
+
+
+def _add_session_flags(parser: argparse.ArgumentParser) -> None:
+    """Add where the operator looks and how it paces sessions, recovery and writes."""
     parser.add_argument(
         "--namespace",
         action="append",
@@ -116,6 +127,10 @@ def add_parser(commands: Any) -> None:
         f"{DEFAULTS.status_coalesce_seconds:g} s; 0: no budget "
         f"(default {DEFAULTS.counter_writes_per_second:g})",
     )
+
+
+def _add_engine_and_checkpoint_flags(parser: argparse.ArgumentParser) -> None:
+    """Add how the operator reads engines and takes checkpoints."""
     parser.add_argument(
         "--scrape-interval",
         type=float,
@@ -165,6 +180,10 @@ def add_parser(commands: Any) -> None:
         help="seconds between two updates of a repeated Event's count (its series; "
         f"default {DEFAULTS.event_series_seconds:g})",
     )
+
+
+def _add_agent_flags(parser: argparse.ArgumentParser) -> None:
+    """Add how the operator reaches and authenticates to the node agents."""
     parser.add_argument(
         "--agent-service-account",
         metavar="NAMESPACE/NAME",
@@ -189,6 +208,10 @@ def add_parser(commands: Any) -> None:
         default=AGENT_PORT,
         help=f"the node agents' port on their node's InternalIP (a hostPort; default {AGENT_PORT})",
     )
+
+
+def _add_election_flags(parser: argparse.ArgumentParser) -> None:
+    """Add leader election among the operator replicas."""
     election = parser.add_argument_group(
         "leader election",
         "Run two or more replicas with --leader-elect: one leads and writes, the others "
@@ -230,6 +253,10 @@ def add_parser(commands: Any) -> None:
         default=ELECTION.retry_period,
         help="how often candidates try for the Lease and the leader renews it (default 2s)",
     )
+
+
+def _add_serving_flags(parser: argparse.ArgumentParser) -> None:
+    """Add the ports, the engine images, the engine NetworkPolicy and logging."""
     parser.add_argument("--metrics-port", type=int, default=DEFAULTS.metrics_port)
     parser.add_argument("--health-port", type=int, default=DEFAULTS.health_port)
     parser.add_argument("--vllm-image", default=DEFAULTS.images.vllm)
@@ -249,8 +276,6 @@ def add_parser(commands: Any) -> None:
         "the watched objects (minutes at 20,000 sessions); for comparison only",
     )
     parser.add_argument("--verbose", "-v", action="store_true", help="log debug messages")
-    # Checks across flags need the parser to report them as usage errors (status 2).
-    parser.set_defaults(func=_run, parser_error=parser.error)
 
 
 def _engine_peers(text: str) -> tuple[dict[str, Any], ...]:
