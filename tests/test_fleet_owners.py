@@ -18,7 +18,7 @@ CONTROLLERS = Path(controllers.__file__).parent
 OWNERS: dict[tuple[str, str], set[str]] = {
     ("indexes", "*"): {"handlers"},
     ("sessions", "cache"): {"sessionwatch"},
-    ("sessions", "sources"): set(),  # set once, at construction (run.py)
+    ("sessions", "sources"): set(),  # set once, at construction (operator/main.py)
     ("sessions", "ledger"): {"sessions", "sessionwatch"},
     ("sessions", "worker_loads"): {"sessionwatch", "loop"},
     ("sessions", "placement"): {"handlers", "loop"},
@@ -27,7 +27,7 @@ OWNERS: dict[tuple[str, str], set[str]] = {
     ("sessions", "writes"): {"sessions"},
     ("engines", "stats"): {"loop"},
     ("engines", "kv_store_health"): {"kvstores"},
-    ("checkpointing", "drivers"): set(),  # set once, at construction (run.py)
+    ("checkpointing", "drivers"): set(),  # set once, at construction (operator/main.py)
     ("checkpointing", "running"): {"checkpoints"},
     ("checkpointing", "created"): {"checkpoints"},
     ("checkpointing", "key"): {"provenance"},

@@ -14,7 +14,8 @@ class CheckpointWork:
     """Checkpoint drivers and work in flight; each field names the module that writes it."""
 
     drivers: dict[CheckpointDriver, Driver] = field(default_factory=dict)
-    """The drivers available, by kind: set once by :mod:`.run`, then only read."""
+    """The drivers available, by kind: set once by :mod:`sessionfleet.operator.main`,
+    then only read."""
     running: set[Key] = field(default_factory=set)
     """Workers a checkpoint is being taken of now, written by :mod:`.checkpoints` only."""
     created: set[Key] = field(default_factory=set)

@@ -75,7 +75,7 @@ class SessionBook:
     """Every AgentSession, written by :mod:`.sessionwatch` only (from its watch)."""
     sources: int = 1
     """How many AgentSession watches list before the fleet counts as indexed (set once,
-    by :mod:`.run`)."""
+    by :mod:`sessionfleet.operator.main`)."""
     ledger: BindingLedger = field(default_factory=BindingLedger)
     """Bindings :mod:`.sessions` wrote; settled by :mod:`.sessions` and by
     :mod:`.sessionwatch` as the watch shows each one."""

@@ -7,8 +7,8 @@ fed the stream's messages and answered with what it returns. Around it:
   change of the bindings at most ``hold_timeout`` seconds, then is answered 503
   ``session_held`` with ``Retry-After`` (docs/epp.md, "Held sessions"; the default is
   not to wait, since Envoy's ``message_timeout`` is 200 ms unless configured); turns
-  are held and counted by the router's own :class:`~sessionfleet.fronts.turns.Turns`,
-  so both fronts signal the migration handshake alike;
+  are held and counted by :class:`~sessionfleet.fronts.turns.Turns`, which the router
+  uses too, so both fronts signal the migration handshake alike;
 * the AgentSession of a new session is created in the background with the EPP's choice
   as ``workerHint`` (:class:`sessionfleet.fronts.kubesync.SessionCreator`): the answer
   to Envoy never waits for the API server;

@@ -102,7 +102,7 @@ def running_pod(worker: Worker, *, ready: bool = True, failed: bool = False) -> 
         scheduled=True,
         ready=ready and not failed,
         node=node_name(worker),
-        pod_ip=f"10.0.{worker.index // 256}.{worker.index % 256}",
+        pod_ip=f"127.1.{worker.index // 256}.{worker.index % 256}",  # a label; never dialled
         terminated=failed,
     )
 

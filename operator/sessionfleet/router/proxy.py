@@ -5,8 +5,8 @@ headers and the model in the body, look the session's worker up in the in-memory
 table (creating the session on its first turn), forward the bytes to the worker with
 aiohttp's client, and pass the answer back. Streams are written to the client chunk by
 chunk as they arrive; only the last 16 KiB are kept, to read the usage from the final
-chunk. The usage is added to the session's pending delta (:mod:`.ledger`) after the
-answer has been sent.
+chunk. The usage is added to the session's pending delta
+(:mod:`sessionfleet.fronts.ledger`) after the answer has been sent.
 
 Added latency (``sessionfleet_router_added_latency_seconds``) is the request's time in
 the router less the time spent waiting for the worker (for its headers and for each

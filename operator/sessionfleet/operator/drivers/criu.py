@@ -77,7 +77,8 @@ class CriuDriver:
     ``tokens``, the driver presents a token of the operator's ServiceAccount valid for
     that one node (:class:`~sessionfleet.checkpoint.agent_tokens.AgentTokens`); else
     ``token``, the agents' shared secret (their ``--token-file``). ``http`` should
-    check the agents' certificates as :func:`~.agent_tokens.agent_ssl_context` says.
+    check the agents' certificates as
+    :func:`~sessionfleet.checkpoint.agent_tokens.agent_ssl_context` says.
     """
 
     name = CheckpointDriver.CRIU
@@ -99,7 +100,10 @@ class CriuDriver:
         self.http = http
         self.kube = kube
         self.write_gate = write_gate
-        """Asked before every call to an agent (:func:`~.driver.check_gate`)."""
+        """Asked before every call to an agent.
+
+        See :func:`sessionfleet.checkpoint.driver.check_gate`.
+        """
         self.token = token
         self.tokens = tokens
         self.locate = locate or node_address_locator(kube)

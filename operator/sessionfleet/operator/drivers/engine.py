@@ -55,7 +55,10 @@ class EngineDriver:
         self.http = http
         self.timeout = timeout
         self.write_gate = write_gate
-        """Asked before every call to an engine (:func:`~.driver.check_gate`)."""
+        """Asked before every call to an engine.
+
+        See :func:`sessionfleet.checkpoint.driver.check_gate`.
+        """
 
     async def _call(self, target: CheckpointTarget, path: str, body: dict[str, Any]) -> Any:
         check_gate(self.write_gate, f"engine at {target.endpoint}: {path}")

@@ -16,7 +16,7 @@ Costs and limits (docs/checkpoints.md):
   starting a pod from that image (CRI-O, containerd 2.x): :meth:`KubeletDriver.load`
   refuses, and :meth:`KubeletDriver.restore_args` adds nothing;
 - a GPU container checkpoints only where the runtime's CRIU has the CUDA plugin and the
-  node meets the ``criu`` driver's requirements (:mod:`.capability`).
+  node meets the ``criu`` driver's requirements (:mod:`sessionfleet.agent.capability`).
 """
 
 from __future__ import annotations
