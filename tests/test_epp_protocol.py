@@ -231,11 +231,18 @@ def test_model_header_names_the_model_without_a_body() -> None:
     assert destination_of(answers[0])[0] == "10.0.0.9:8000"
 
 
-def test_unknown_model_without_a_body_is_400() -> None:
-    bindings = table([worker("w-1", "10.0.0.1"), worker("small", "10.0.0.9", model="small")])
+def test_a_request_naming_no_model_goes_to_a_ready_worker_of_any_model() -> None:
+    """``GET /v1/models`` in a namespace of several models: routed, as upstream does."""
+    bindings = table(
+        [
+            worker("w-1", "10.0.0.1", phase="Pending"),
+            worker("small", "10.0.0.9", model="small"),
+        ]
+    )
     ex = exchange(bindings, mode=MODES.STREAMED)
-    status, _, body = immediate_of(ex.receive(request_headers({}), 0.0)[0])
-    assert status == 400 and body["error"]["code"] == "invalid_body"
+    answers = ex.receive(request_headers({":method": "GET", ":path": "/v1/models"}, end=True), 0.0)
+    assert destination_of(answers[0]) == ("10.0.0.9:8000", "10.0.0.9:8000")
+    assert ex.route is not None and ex.route.session is None and ex.route.model is None
 
 
 # --- the subset hint --------------------------------------------------------------------
@@ -287,12 +294,19 @@ def test_no_ready_worker_is_503_with_retry_after() -> None:
     assert body["error"]["code"] == "no_ready_worker"
 
 
-def test_full_fleet_is_503_no_capacity() -> None:
+def test_full_fleet_sheds_new_sessions_with_429_no_capacity() -> None:
+    """Saturation is flow control's case (429); 503 stays for "nothing can serve"."""
     bindings = table([worker("w-1", "10.0.0.1", max_sessions=1)], [session("other", "w-1")])
     ex = exchange(bindings, mode=MODES.BUFFERED)
     ex.receive(request_headers(SID), 0.0)
+    status, headers, body = immediate_of(ex.receive(request_body(chat_body(), True), 0.0)[0])
+    assert (status, body["error"]["code"]) == (429, "no_capacity")
+    assert headers["retry-after"] == "5"
+    down = table([worker("w-1", "10.0.0.1", phase="Pending")])
+    ex = exchange(down, mode=MODES.BUFFERED)
+    ex.receive(request_headers(SID), 0.0)
     status, _, body = immediate_of(ex.receive(request_body(chat_body(), True), 0.0)[0])
-    assert (status, body["error"]["code"]) == (503, "no_capacity")
+    assert (status, body["error"]["code"]) == (503, "no_ready_worker")
 
 
 def test_new_sessions_beyond_the_rate_are_shed_with_429() -> None:

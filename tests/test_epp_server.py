@@ -302,6 +302,14 @@ async def test_new_session_is_recorded_in_the_background_with_the_choice_as_hint
         )
         first = destination_of(answers[0])[0].split(",")[0]
         name = session_object_name("new-1", None)
+        # Recorded once the response shows where it was served.
+        await asyncio.sleep(0.05)
+        assert not calls
+        await exchange(call, [response_headers(served=first)], 1)
+        for _ in range(50):
+            if calls:
+                break
+            await asyncio.sleep(0.01)
         assert calls and calls[0][0] == "new-1" and calls[0][1] == "m"
         hinted = table.workers[calls[0][2] or ""]
         assert hinted.endpoint == f"http://{first}"

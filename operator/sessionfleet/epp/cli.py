@@ -87,6 +87,21 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
         default=10.0,
         help="seconds between usage writes to one session's status (default: 10)",
     )
+    parser.add_argument(
+        "--pool-name",
+        default=None,
+        help="the InferencePool (inference.networking.k8s.io/v1, in --namespace) this EPP "
+        "serves: only the workers whose pods it selects are named, at its first target "
+        "port (default: every InferenceWorker of the namespace, at its own endpoint)",
+    )
+    parser.add_argument(
+        "--unobserved-turn-seconds",
+        type=positive_float,
+        default=120.0,
+        help="how long a turn counts as in flight when the gateway ends the stream before "
+        "the response (NGINX Gateway Fabric), unless the session's next turn comes first "
+        "(default: 120)",
+    )
     parser.add_argument("--log-level", default="INFO", help="logging level (default: INFO)")
     parser.set_defaults(func=run)
     return parser
@@ -119,6 +134,8 @@ def settings_from_args(args: argparse.Namespace) -> EppSettings:
         ),
         hold_timeout=args.hold_timeout,
         flush_interval=args.flush_interval,
+        pool_name=args.pool_name or None,
+        unobserved_turn_seconds=args.unobserved_turn_seconds,
     )
 
 

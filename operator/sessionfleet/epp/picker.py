@@ -23,6 +23,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 from urllib.parse import urlsplit
 
 from sessionfleet.fronts.admission import NewSessionLimiter, SessionRates
@@ -39,8 +40,18 @@ from sessionfleet.fronts.requester import fairness_key
 from sessionfleet.fronts.routing import bound_worker
 from sessionfleet.policy.placement import PlacementRequest, place
 
+
+class PoolFilter(Protocol):
+    """The InferencePool's view of the workers (:class:`sessionfleet.epp.pool.PoolView`)."""
+
+    def address(self, worker: WorkerView) -> str | None:
+        """Return ``ip:port`` under the pool, None when the pool does not reach ``worker``."""
+
+
 MODEL_HEADER = "x-gateway-model-name"
 """Where GAIE's body-based router puts the model when the EPP sees no body."""
+REWRITE_HEADER = "x-gateway-model-name-rewrite"
+"""GAIE's model rewrite: the model to route by instead of the one the body names."""
 MAX_TRACKED_CLIENTS = 16384
 """Fairness ids with a rate-limit bucket of their own at most; the least recently seen
 are forgotten first (about 310 bytes each with the longest key, 128 characters: 5 MiB
@@ -86,10 +97,17 @@ class Route:
     session: str | None = None
     """The AgentSession's object name, for a turn counted to a session."""
     new: NewSession | None = None
+    addresses: tuple[str, ...] = ()
+    """The workers as the data plane reaches them (under an InferencePool: its target
+    port); empty: their own endpoints."""
+    model: str | None = None
+    """The model routed by (``target_model_name``), None when the request named none."""
 
     @property
     def endpoints(self) -> tuple[str, ...]:
         """The workers as ``ip:port``, in order."""
+        if self.addresses:
+            return self.addresses
         return tuple(endpoint_address(w.endpoint or "") for w in self.workers)
 
 
@@ -107,9 +125,17 @@ Decision = Route | Held
 class EndpointPicker:
     """Chooses endpoints from a :class:`BindingTable`; see the module."""
 
-    def __init__(self, table: BindingTable, config: PickerConfig, now: float = 0.0) -> None:
+    def __init__(
+        self,
+        table: BindingTable,
+        config: PickerConfig,
+        now: float = 0.0,
+        pool: PoolFilter | None = None,
+    ) -> None:
         self.table = table
         self.config = config
+        self.pool = pool
+        """The InferencePool the EPP serves (``--pool-name``); None: every worker."""
         self.limiter = NewSessionLimiter(config.session_rates, now, max_clients=MAX_TRACKED_CLIENTS)
         self.provisional: dict[str, NewSession] = {}
         """New sessions placed here whose AgentSession is not in the table yet, by name."""
@@ -119,12 +145,42 @@ class EndpointPicker:
         """Forget a provisional choice: its create ended (the table holds the result)."""
         self.provisional.pop(name, None)
 
+    def served_by(self, name: str, worker: str) -> None:
+        """Move a provisional new session to the worker that served its first turn."""
+        pending = self.provisional.get(name)
+        if pending is not None and pending.worker != worker:
+            self.provisional[name] = NewSession(pending.identity, pending.model, worker)
+
+    def address(self, worker: WorkerView) -> str | None:
+        """Return ``ip:port`` the data plane reaches ``worker`` at; None: not in the pool."""
+        if self.pool is None:
+            return endpoint_address(worker.endpoint or "")
+        return self.pool.address(worker)
+
     def model_of(self, headers: Mapping[str, str]) -> str | None:
         """Return the model when the headers name it, or the fleet serves only one."""
         model = headers.get(MODEL_HEADER)
         if model:
             return model.strip()
-        models = {w.model for w in self.table.workers.values()}
+        models = self._served_models()
+        return models.pop() if len(models) == 1 else None
+
+    def _served_models(self) -> set[str]:
+        return {w.model for w in self.table.workers.values() if self.address(w) is not None}
+
+    def target_model(self, requested: str | None, headers: Mapping[str, str]) -> str | None:
+        """Return the model to route by (docs/epp.md, "Models"); None: any worker.
+
+        ``x-gateway-model-name-rewrite`` wins; a model some worker's ``spec.model``
+        names is itself; any other name (a LoRA adapter, an alias) is the base model when
+        the pool's workers serve only one, else None: the request goes to any Ready
+        worker, whose engine answers for the name.
+        """
+        rewrite = (headers.get(REWRITE_HEADER) or "").strip()
+        model = rewrite or requested
+        if model is None or self.table.has_model(model):
+            return model
+        models = self._served_models()
         return models.pop() if len(models) == 1 else None
 
     def pick(
@@ -146,20 +202,20 @@ class EndpointPicker:
             identity = identify(headers, self.config.headers)
         except IdentityError as error:
             raise RouterError(400, "invalid_session_id", str(error)) from error
+        model = self.target_model(model, headers)
         if identity is not None:
             decision = self._session(identity, model, subset, now, fairness_key(headers))
             if decision is not None:
                 return decision
-        if model is None:
-            raise RouterError(
-                400,
-                "invalid_body",
-                f"the model is unknown: send the body to the EPP, or the {MODEL_HEADER} header",
-            )
-        return Route(self._stateless(model, subset))
+        return self._route(self._stateless(model, subset), model=model)
+
+    def _route(self, workers: tuple[WorkerView, ...], **fields: object) -> Route:
+        addresses = tuple(self.address(w) or "" for w in workers)
+        return Route(workers, addresses=addresses, **fields)  # type: ignore[arg-type]
 
     def _allowed(self, worker: WorkerView, subset: frozenset[str] | None) -> bool:
-        return subset is None or endpoint_address(worker.endpoint or "") in subset
+        address = self.address(worker)
+        return address is not None and (subset is None or address in subset)
 
     def _session(
         self,
@@ -195,14 +251,9 @@ class EndpointPicker:
                 return Held(identity.session_id, f"is placed on {pending.worker}, not serving")
             if not self._allowed(worker, subset):
                 raise self._outside(identity.session_id, worker)
-            return Route((worker,), identity, name)
+            return self._route((worker,), identity=identity, session=name, model=pending.model)
         if model is None:
-            raise RouterError(
-                400,
-                "invalid_body",
-                f"the model of new session {identity.session_id} is unknown: send the body "
-                f"to the EPP, or the {MODEL_HEADER} header",
-            )
+            return None  # nothing to place a new session by: served, not recorded
         return self._new(identity, name, model, subset, now, requester)
 
     def _bound(
@@ -215,13 +266,16 @@ class EndpointPicker:
             raise self._outside(session.session_id, decision)
         # No fallback: another worker would recompute the session's whole prefix and
         # serve it away from its binding.
-        return Route((decision,), identity, session.name)
+        return self._route(
+            (decision,), identity=identity, session=session.name, model=session.model
+        )
 
     def _outside(self, session_id: str, worker: WorkerView) -> RouterError:
+        where = "the endpoint subset" if self.pool is None else "the endpoint subset or the pool"
         return RouterError(
             503,
             "no_ready_worker",
-            f"session {session_id} is on worker {worker.name}, outside the endpoint subset",
+            f"session {session_id} is on worker {worker.name}, outside {where}",
             retry_after=self.config.retry_after,
         )
 
@@ -249,8 +303,15 @@ class EndpointPicker:
         if placement.worker is None:
             if not self.table.has_model(model):
                 raise RouterError(404, "model_not_found", f"no InferenceWorker serves {model!r}")
-            code = "no_capacity" if placement.reason.value == "NoCapacity" else "no_ready_worker"
-            raise RouterError(503, code, placement.message, retry_after=self.config.retry_after)
+            if placement.reason.value == "NoCapacity":
+                # Shed for saturation, as the protocol's flow-control case answers: the
+                # workers are up but full; 503 is kept for "nothing can serve".
+                raise RouterError(
+                    429, "no_capacity", placement.message, retry_after=self.config.retry_after
+                )
+            raise RouterError(
+                503, "no_ready_worker", placement.message, retry_after=self.config.retry_after
+            )
         wait = self.limiter.admit(requester, now)
         if wait:
             raise RouterError(
@@ -270,22 +331,27 @@ class EndpointPicker:
         new = NewSession(identity, model, placement.worker)
         self.provisional[name] = new
         workers = tuple(self.table.workers[w] for w in chosen)
-        return Route(workers, identity, name, new)
+        return self._route(workers, identity=identity, session=name, new=new, model=model)
 
-    def _stateless(self, model: str, subset: frozenset[str] | None) -> tuple[WorkerView, ...]:
+    def _stateless(
+        self, model: str | None, subset: frozenset[str] | None
+    ) -> tuple[WorkerView, ...]:
+        """Ready workers of ``model`` (None: of any model), least busy first."""
         candidates = [
             w
             for w in self.table.workers.values()
-            if w.model == model and w.ready and self._allowed(w, subset)
+            if (model is None or w.model == model) and w.ready and self._allowed(w, subset)
         ]
         if not candidates:
-            if not self.table.has_model(model):
+            if model is not None and not self.table.has_model(model):
                 raise RouterError(404, "model_not_found", f"no InferenceWorker serves {model!r}")
             where = " in the endpoint subset" if subset is not None else ""
+            where += " in the pool" if self.pool is not None else ""
+            serving = f"serving {model!r} " if model is not None else ""
             raise RouterError(
                 503,
                 "no_ready_worker",
-                f"no InferenceWorker serving {model!r} is Ready{where}",
+                f"no InferenceWorker {serving}is Ready{where}",
                 retry_after=self.config.retry_after,
             )
         # Fewest requests in flight from this EPP first; ties rotate.

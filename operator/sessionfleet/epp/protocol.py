@@ -57,7 +57,14 @@ from envoy.type.v3 import http_status_pb2
 from sessionfleet.engines import FORWARDED_SESSION_HEADER
 from sessionfleet.engines.vllm import Usage
 from sessionfleet.epp.picker import EndpointPicker, Held, Route
-from sessionfleet.fronts.body import TAIL_BYTES, BodyError, find_model, usage_in_body, usage_in_tail
+from sessionfleet.fronts.body import (
+    HEAD_BYTES,
+    TAIL_BYTES,
+    BodyError,
+    find_model,
+    usage_in_body,
+    usage_in_stream,
+)
 from sessionfleet.fronts.errors import REASON_HEADER, RouterError
 
 DESTINATION_ENDPOINT: Final = "x-gateway-destination-endpoint"
@@ -65,6 +72,12 @@ DESTINATION_NAMESPACE: Final = "envoy.lb"
 SUBSET_NAMESPACE: Final = "envoy.lb.subset_hint"
 SUBSET_KEY: Final = "x-gateway-destination-endpoint-subset"
 SERVED_KEY: Final = "x-gateway-destination-endpoint-served"
+CONTROL_HEADERS: Final = (
+    "x-gateway-inference-objective",
+    "x-gateway-inference-fairness-id",
+    "x-gateway-model-name-rewrite",
+)
+"""GAIE's control headers: read by the EPP, never passed on to the model server."""
 
 _MODE = processing_mode_pb2.ProcessingMode
 NONE: Final[int] = _MODE.NONE
@@ -164,7 +177,7 @@ def destination(route: Route) -> tuple[Any, Any]:
     """
     value = ",".join(route.endpoints)
     set_headers = [_header(DESTINATION_ENDPOINT, value)]
-    remove: list[str] = []
+    remove: list[str] = list(CONTROL_HEADERS)
     if route.identity is not None and route.session is not None:
         # The engine's view of the session, as the router forwards it.
         set_headers.append(_header(FORWARDED_SESSION_HEADER.lower(), route.identity.session_id))
@@ -222,6 +235,8 @@ class Exchange:
         self.refused: RouterError | None = None
         """The EPP's own answer, when it gave one (the stream ends with it)."""
         self.outcome: TurnOutcome | None = None
+        self.requested_model: str | None = None
+        """The model the request named (its body, or the headers), once decided."""
         self._chunks: list[tuple[bytes, bool]] = []
         self._body_size = 0
         self._answer = "headers"
@@ -230,9 +245,12 @@ class Exchange:
         self._status: int | None = None
         self._served: str | None = None
         self._event_stream = False
+        self._head = bytearray()
+        """A stream's first bytes: Anthropic's ``message_start`` carries the prompt usage."""
         self._tail = bytearray()
         self._response_size = 0
         self._first = True
+        self._responded = False
 
     # --- the stream -----------------------------------------------------------------
 
@@ -263,6 +281,16 @@ class Exchange:
         except RouterError as error:
             return self._refuse(error)
         return []
+
+    @property
+    def responded(self) -> bool:
+        """Whether the response has begun (its headers came through this stream)."""
+        return self._responded
+
+    @property
+    def served(self) -> str | None:
+        """The endpoint the data plane says served the request, once it said."""
+        return self._served
 
     @property
     def waiting(self) -> bool:
@@ -337,9 +365,21 @@ class Exchange:
                 raise RouterError(400, "invalid_body", str(error)) from error
         return self.picker.model_of(self.headers)
 
+    @property
+    def response_bytes(self) -> int:
+        """The response body's size so far."""
+        return self._response_size
+
+    @property
+    def request_bytes(self) -> int:
+        """The request body's size: as received, else as its ``content-length`` says."""
+        length = self.headers.get("content-length", "")
+        return self._body_size or (int(length) if length.isdigit() else 0)
+
     def _decide(self, now: float) -> list[Any]:
         try:
-            decision = self.picker.pick(self.headers, self._model(), self.subset, now)
+            self.requested_model = self._model()
+            decision = self.picker.pick(self.headers, self.requested_model, self.subset, now)
         except RouterError as error:
             self.held = None
             return self._refuse(error)
@@ -370,6 +410,7 @@ class Exchange:
 
     def _response_headers(self, request: Any) -> list[Any]:
         headers = Headers.of(request.response_headers)
+        self._responded = True
         status = headers.get(":status", "")
         self._status = int(status) if status.isdigit() else None
         self._served = served_endpoint(request, headers)
@@ -381,6 +422,8 @@ class Exchange:
     def _response_body(self, body: Any) -> list[Any]:
         chunk = bytes(body.body)
         self._response_size += len(chunk)
+        if len(self._head) < HEAD_BYTES:
+            self._head += chunk[: HEAD_BYTES - len(self._head)]
         self._tail += chunk
         if len(self._tail) > 2 * TAIL_BYTES:
             del self._tail[:-TAIL_BYTES]
@@ -402,7 +445,7 @@ class Exchange:
             return self.outcome
         tail = bytes(self._tail)
         if self._event_stream or self._response_size > len(tail):
-            usage = usage_in_tail(tail)
+            usage = usage_in_stream(bytes(self._head), tail)
         else:
             usage = usage_in_body(tail) if tail else None
         return TurnOutcome(self._status, usage, self._served, completed=False)

@@ -33,7 +33,15 @@ import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from sessionfleet.epp.picker import EndpointPicker, NewSession, PickerConfig, Route
+from sessionfleet.epp.gaie_metrics import GaieMetrics
+from sessionfleet.epp.picker import EndpointPicker, PickerConfig, Route
+from sessionfleet.epp.pool import (
+    MismatchCollector,
+    PoolView,
+    report_mismatches,
+    watch_pods,
+    watch_pool,
+)
 from sessionfleet.epp.protocol import Exchange, ExchangeSettings, TurnOutcome
 from sessionfleet.fronts.bindings import BindingTable
 from sessionfleet.fronts.errors import RouterError
@@ -68,6 +76,11 @@ class EppSettings:
     """Seconds a held session's request waits for a change; 0: answer 503 at once."""
     flush_interval: float = 10.0
     create_timeout: float = 5.0
+    pool_name: str | None = None
+    """The InferencePool served (``--pool-name``): only its workers, at its target port."""
+    unobserved_turn_seconds: float = 120.0
+    """How long a turn counts after a gateway half-closed before the response (NGINX
+    Gateway Fabric), unless the session's next turn comes first."""
 
 
 class Processor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
@@ -82,44 +95,105 @@ class Processor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         *,
         creator: SessionCreator | None = None,
         flusher: Flusher | None = None,
+        pool: PoolView | None = None,
+        gaie: GaieMetrics | None = None,
     ) -> None:
         self.table = table
         self.settings = settings
-        self.picker = EndpointPicker(table, settings.picker, time.monotonic())
+        self.picker = EndpointPicker(table, settings.picker, time.monotonic(), pool)
         self.ledger = ledger
         self.metrics = metrics
         self.creator = creator
         self.flusher = flusher
         self.turns = Turns(table, metrics)
         """Turns in flight here and their holds; the migration handshake reads them."""
+        self.gaie = gaie
         self._tasks: set[asyncio.Task[None]] = set()
+        self._unobserved: dict[str, asyncio.TimerHandle] = {}
+        """Sessions whose last turn the gateway stopped showing, until it surely ended."""
 
     async def Process(  # the gRPC method's name
         self, requests: AsyncIterator[Any], context: Any
     ) -> AsyncIterator[Any]:
         """Answer one request's messages, in order, as Envoy sends them."""
         exchange = Exchange(self.picker, self.settings.exchange, time.time())
-        counted: Route | None = None
+        turn = _Turn()
         self.metrics.in_flight.inc()
         try:
             async for message in requests:
                 answers = exchange.receive(message, time.monotonic())
                 if exchange.waiting:
                     answers = await self._hold(exchange)
-                if exchange.route is not None and counted is None:
-                    counted = exchange.route
-                    self.turns.started(counted.workers[0], counted.session)
-                    if counted.new is not None and counted.session is not None:
-                        self._create(counted.session, counted.new)
+                if exchange.route is not None and turn.route is None:
+                    self._begin(turn, exchange.route, exchange)
+                if turn.route is not None and exchange.responded:
+                    self._create(turn, exchange.served)
                 for answer in answers:
                     yield answer
+                if turn.route is not None and exchange.outcome is not None:
+                    # The turn ends at the response's end, whenever the stream does.
+                    self._end(turn)
                 if exchange.closed:
                     return
+            turn.half_closed = True
         finally:
             self.metrics.in_flight.dec()
-            if counted is not None:
-                self.turns.ended(counted.workers[0], counted.session)
-            self._account(exchange, counted)
+            self._finish(turn, exchange)
+
+    def _begin(self, turn: _Turn, route: Route, exchange: Exchange) -> None:
+        turn.route = route
+        if route.session is not None:
+            # A session's turns come one after another: its next turn ends one that a
+            # gateway stopped showing us (see _finish).
+            lingering = self._unobserved.pop(route.session, None)
+            if lingering is not None:
+                lingering.cancel()
+                self.turns.ended(route.workers[0], route.session)
+        self.turns.started(route.workers[0], route.session)
+        if self.gaie is not None:
+            self.gaie.started(exchange.requested_model, route.model)
+
+    def _end(self, turn: _Turn) -> None:
+        if turn.route is not None and not turn.ended:
+            turn.ended = True
+            self.turns.ended(turn.route.workers[0], turn.route.session)
+
+    def _finish(self, turn: _Turn, exchange: Exchange) -> None:
+        route = turn.route
+        if route is not None and not turn.ended:
+            if turn.half_closed and not exchange.responded:
+                # The gateway half-closed after the request (NGINX Gateway Fabric's shim
+                # does): the response goes on at the engine where this stream cannot
+                # see it. The turn stays counted until the session's next turn, or
+                # unobserved_turn_seconds, so a migration does not start under it.
+                self._create(turn, None)
+                self._linger(turn)
+            else:
+                self._end(turn)
+        if route is not None and route.new is not None and not turn.created:
+            # No answer reached the client: nothing to record (the router discards too).
+            self.picker.created(route.session or "")
+        self._account(exchange, route, unobserved=turn.half_closed and not exchange.responded)
+
+    def _linger(self, turn: _Turn) -> None:
+        route = turn.route
+        assert route is not None
+        turn.ended = True
+        if route.session is None:
+            self.turns.ended(route.workers[0], None)
+            return
+        session, worker = route.session, route.workers[0]
+
+        def end() -> None:
+            if self._unobserved.pop(session, None) is not None:
+                self.turns.ended(worker, session)
+
+        loop = asyncio.get_running_loop()
+        previous = self._unobserved.pop(session, None)
+        if previous is not None:
+            previous.cancel()
+            self.turns.ended(worker, session)
+        self._unobserved[session] = loop.call_later(self.settings.unobserved_turn_seconds, end)
 
     async def _hold(self, exchange: Exchange) -> list[Any]:
         def retry() -> list[Any] | None:
@@ -131,15 +205,43 @@ class Processor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
             return exchange.give_up(self.settings.hold_timeout)
         return answers
 
-    def _create(self, name: str, new: NewSession) -> None:
-        """Record a new session in the background (off the hot path)."""
+    def _create(self, turn: _Turn, served: str | None) -> None:
+        """Record a new session where it was served, in the background (off the hot path).
+
+        A data plane that fell back to another endpoint of the list says so in the
+        served endpoint: the session is bound there, where its prefix now is.
+        """
+        route = turn.route
+        if route is None or route.new is None or route.session is None or turn.created:
+            return
+        turn.created = True
+        new, name = route.new, route.session
+        worker = new.worker
+        first = (served or "").split(",")[0].strip()
+        if first and first != route.endpoints[0]:
+            by_address = dict(zip(route.endpoints, route.workers, strict=True))
+            fallback = by_address.get(first)
+            if fallback is None:
+                logger.warning(
+                    "new session %s served by %s, not an endpoint it was sent to",
+                    new.identity.session_id,
+                    first,
+                )
+            else:
+                worker = fallback.name
+                self.picker.served_by(name, worker)
+                logger.info(
+                    "new session %s served by fallback %s: bound there",
+                    new.identity.session_id,
+                    worker,
+                )
         creator = self.creator
         if creator is None:
             return
 
         async def create() -> None:
             try:
-                await creator.ensure(new.identity, new.model, placed=new.worker)
+                await creator.ensure(new.identity, new.model, placed=worker)
             except RouterError as error:
                 logger.warning("session %s not recorded: %s", new.identity.session_id, error)
             finally:
@@ -149,20 +251,35 @@ class Processor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _account(self, exchange: Exchange, route: Route | None) -> None:
+    def _account(self, exchange: Exchange, route: Route | None, *, unobserved: bool) -> None:
         outcome: TurnOutcome = exchange.ended()
         if route is None:
             refused = exchange.refused
-            self.metrics.request("other", refused.status if refused else 499, None)
+            status = refused.status if refused else 499
+            self.metrics.request("other", status, None)
+            if self.gaie is not None and refused is not None:
+                self.gaie.refused(exchange.requested_model, None, status)
             return
         worker = route.workers[0]
         kind = "session" if route.session is not None else "stateless"
-        self.metrics.request(kind, outcome.status or 499, None)
-        served = outcome.served
-        if served is not None and served.split(",")[0].strip() != route.endpoints[0]:
-            logger.info("request for %s served by %s instead", route.endpoints[0], served)
+        # 0: the gateway did not pass the response through this stream.
+        self.metrics.request(kind, 0 if unobserved else outcome.status or 499, None)
+        if self.gaie is not None:
+            self.gaie.finished(
+                exchange.requested_model,
+                route.model,
+                status=outcome.status,
+                seconds=time.time() - exchange.started,
+                request_bytes=exchange.request_bytes,
+                response_bytes=exchange.response_bytes,
+                usage=outcome.usage,
+                completed=outcome.completed,
+            )
         if not (outcome.completed and outcome.status == 200):
             return
+        served = outcome.served
+        if served is not None and served.split(",")[0].strip() in route.endpoints[1:]:
+            worker = route.workers[route.endpoints.index(served.split(",")[0].strip())]
         self.metrics.usage(worker.name, outcome.usage)
         if route.session is None or route.identity is None:
             return
@@ -172,20 +289,40 @@ class Processor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
             self.flusher.finish(route.session)
 
 
+@dataclass(slots=True)
+class _Turn:
+    """Where one stream's turn stands."""
+
+    route: Route | None = None
+    created: bool = False
+    """Whether the new session's AgentSession create was started."""
+    ended: bool = False
+    """Whether the turn stopped counting (the response's end, or handed to a timer)."""
+    half_closed: bool = False
+    """Whether the gateway ended the stream itself (not a reset or an EPP answer)."""
+
+
 class Health:
     """The gRPC health service with the EPP protocol's service names."""
 
-    def __init__(self, table: BindingTable, supervisor: Supervisor | None = None) -> None:
+    def __init__(
+        self,
+        table: BindingTable,
+        supervisor: Supervisor | None = None,
+        pool: PoolView | None = None,
+    ) -> None:
         self.servicer = health.aio.HealthServicer()
         self._table = table
         self._supervisor = supervisor
+        self._pool = pool
 
     async def update(self) -> None:
         """Set every service's status from the table and the background tasks."""
         serving = health_pb2.HealthCheckResponse.SERVING
         not_serving = health_pb2.HealthCheckResponse.NOT_SERVING
         healthy = self._supervisor is None or self._supervisor.healthy
-        ready = serving if self._table.synced and healthy else not_serving
+        synced = self._table.synced and (self._pool is None or self._pool.synced)
+        ready = serving if synced and healthy else not_serving
         await self.servicer.set(LIVENESS, serving)
         await self.servicer.set(READINESS, ready)
         await self.servicer.set(SERVICE_NAME, ready)
@@ -224,9 +361,14 @@ async def serve(kube: Kube, settings: EppSettings, host: str, port: int, metrics
         retry_after=settings.picker.retry_after,
     )
     flusher = Flusher(kube, settings.namespace, table, ledger, metrics, replica=settings.replica)
-    processor = Processor(table, settings, ledger, metrics, creator=creator, flusher=flusher)
+    pool = PoolView(settings.pool_name) if settings.pool_name else None
+    in_pool = (lambda w: pool.address(w) is not None) if pool is not None else (lambda w: True)
+    gaie = GaieMetrics(metrics.registry, table, settings.pool_name or "", in_pool)
+    processor = Processor(
+        table, settings, ledger, metrics, creator=creator, flusher=flusher, pool=pool, gaie=gaie
+    )
     supervisor = Supervisor(logger)
-    health_service = Health(table, supervisor)
+    health_service = Health(table, supervisor, pool)
     await health_service.update()
     server, bound = grpc_server(processor, health_service, f"{host}:{port}")
     if metrics_port:
@@ -234,6 +376,11 @@ async def serve(kube: Kube, settings: EppSettings, host: str, port: int, metrics
     supervisor.start("worker watch", watch_workers(kube, settings.namespace, table))
     supervisor.start("session watch", watch_sessions(kube, settings.namespace, table, ledger))
     supervisor.start("usage flusher", flusher.run())
+    if pool is not None:
+        supervisor.start("pool watch", watch_pool(kube, settings.namespace, pool))
+        supervisor.start("pod watch", watch_pods(kube, settings.namespace, pool))
+        supervisor.start("pool mismatch report", report_mismatches(pool, table))
+        metrics.registry.register(MismatchCollector(pool, lambda: table.workers.values()))
     supervisor.start("health", health_service.run())
     # The turn-boundary handshake, as a router replica takes part in it: a live Lease
     # makes the operator wait for this replica's acknowledgement before it moves a
