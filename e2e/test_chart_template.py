@@ -1076,6 +1076,7 @@ def test_epp_deployment_service_probes_and_flags() -> None:
         "--request-body-mode=FULL_DUPLEX_STREAMED",
         "--response-body-mode=FULL_DUPLEX_STREAMED",
         "--flush-interval=10",
+        "--unobserved-turn-seconds=120",
         "--log-level=INFO",
     ]
     # The chart's defaults are the CLI's: a chart with no epp values runs the EPP as
@@ -1084,7 +1085,15 @@ def test_epp_deployment_service_probes_and_flags() -> None:
 
     parsed = build_parser().parse_args(main["args"])
     bare = build_parser().parse_args(["epp"])
-    for flag in ("port", "metrics_port", "hold_timeout", "retry_after", "fallbacks"):
+    for flag in (
+        "port",
+        "metrics_port",
+        "hold_timeout",
+        "retry_after",
+        "fallbacks",
+        "unobserved_turn_seconds",
+        "pool_name",
+    ):
         assert getattr(parsed, flag) == getattr(bare, flag), flag
     assert main["env"] == [
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}
@@ -1124,6 +1133,21 @@ def test_epp_role_grants_exactly_what_the_epp_calls() -> None:
         {"kind": "ServiceAccount", "name": "rel-sessionfleet-epp", "namespace": "sf"}
     ]
     assert not [o for o in by_kind(objects, "ClusterRole") if o.endswith("-epp")]
+
+
+def test_epp_pool_name_adds_the_flag_and_read_access_to_pools_and_pods() -> None:
+    objects = render(*EPP_ON, "epp.poolName=agents")
+    args = container(by_kind(objects, "Deployment")["rel-sessionfleet-epp"])["args"]
+    assert "--pool-name=agents" in args
+    role = by_kind(objects, "Role")["rel-sessionfleet-epp"]
+    assert rules(role) - EPP == {
+        ("inference.networking.k8s.io", "inferencepools", "get"),
+        ("inference.networking.k8s.io", "inferencepools", "list"),
+        ("inference.networking.k8s.io", "inferencepools", "watch"),
+        ("", "pods", "list"),
+        ("", "pods", "watch"),
+    }
+    assert EPP <= rules(role)
 
 
 def test_epp_lives_in_the_namespace_it_serves() -> None:

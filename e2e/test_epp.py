@@ -128,6 +128,11 @@ def health(port: int, service: str) -> int:
 @pytest.fixture
 def epp(cluster: LocalCluster, namespace: str, tmp_path: Path) -> Iterator[int]:
     """``sessionfleet epp`` for the namespace, once its readiness is SERVING; its port."""
+    yield from run_epp(cluster, namespace, tmp_path)
+
+
+def run_epp(cluster: LocalCluster, namespace: str, tmp_path: Path, *extra: str) -> Iterator[int]:
+    """Run ``sessionfleet epp`` with ``extra`` flags until the test ends; yield its port."""
     port = free_port()
     process = Process(
         [
@@ -141,6 +146,7 @@ def epp(cluster: LocalCluster, namespace: str, tmp_path: Path) -> Iterator[int]:
             f"--replica={EPP_REPLICA}",
             "--flush-interval=1",
             "--retry-after=2",
+            *extra,
         ],
         tmp_path / "epp.log",
     )
@@ -224,6 +230,16 @@ def endpoints(crs: Custom) -> dict[str, str]:
     }
 
 
+def src_and_dst(
+    crs: Custom, namespace: str, own_nodes: list[str], operator: OperatorProcess
+) -> dict[str, str]:
+    """Two Ready simulated workers, src and dst, one on each own node; their endpoints."""
+    crs.create(on_own_nodes(sim_worker("src"), namespace, own_nodes[0]))
+    crs.create(on_own_nodes(sim_worker("dst"), namespace, own_nodes[1]))
+    ready_workers(crs, 2, operator)
+    return endpoints(crs)
+
+
 def checkpointed_worker(name: str, storage: Path) -> dict[str, Any]:
     return sim_worker(name, checkpoint={"driver": "engine", "storage": {"path": str(storage)}})
 
@@ -255,10 +271,7 @@ async def test_the_epp_routes_places_and_accounts_sessions_in_both_body_modes(
     epp: int,
 ) -> None:
     assert gaie_crds.startswith("v1.")
-    crs.create(on_own_nodes(sim_worker("src"), namespace, own_nodes[0]))
-    crs.create(on_own_nodes(sim_worker("dst"), namespace, own_nodes[1]))
-    ready_workers(crs, 2, operator)
-    where = endpoints(crs)
+    where = src_and_dst(crs, namespace, own_nodes, operator)
     port = int(where["src"].rsplit(":", 1)[1])
     pool = create_pool(api, core, namespace, port)
     assert pool["spec"]["endpointPickerRef"]["kind"] == "Service"  # the CRD's default
@@ -449,3 +462,148 @@ async def test_the_epp_holds_a_session_while_it_migrates_and_while_its_worker_re
         restored = endpoints(crs)["dst"]
         back = await agent.turn("after the restore")
         assert back.destination == [restored]
+
+
+# --- behind real gateways: the pool, control headers, NGINX's half-close, GAIE metrics ----
+
+
+@pytest.fixture
+def pool_epp(cluster: LocalCluster, namespace: str, tmp_path: Path) -> Iterator[tuple[int, int]]:
+    """``sessionfleet epp --pool-name=agents``; its gRPC and metrics ports."""
+    metrics_port = free_port()
+    flags = ("--pool-name=agents", f"--metrics-port={metrics_port}", "--fallbacks=0")
+    for port in run_epp(cluster, namespace, tmp_path, *flags):
+        yield port, metrics_port
+
+
+def metric(port: int, line_start: str) -> float | None:
+    """The value of the first sample of ``GET /metrics`` starting with ``line_start``."""
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    for line in text.splitlines():
+        if line.startswith(line_start):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+async def nginx_turn(channel: Any, headers: dict[str, str], body: bytes) -> tuple[str, list[Any]]:
+    """One request as NGINX Gateway Fabric's shim sends it: no protocol_config, headers as
+    ``value``, the whole body, half-close; it reads the answers to the end and takes the
+    destination from the request_headers answer only."""
+    from envoy.config.core.v3 import base_pb2
+    from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+    from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+
+    call = pb_grpc.ExternalProcessorStub(channel).Process()
+    values = {":method": "POST", ":path": "/v1/chat/completions", **headers}
+    header_map = base_pb2.HeaderMap(
+        headers=[base_pb2.HeaderValue(key=k, value=v) for k, v in values.items()]
+    )
+    await call.write(pb.ProcessingRequest(request_headers=pb.HttpHeaders(headers=header_map)))
+    await call.write(pb.ProcessingRequest(request_body=pb.HttpBody(body=body, end_of_stream=True)))
+    await call.done_writing()
+    answers = [answer async for answer in call]
+    assert await call.code() == grpc.StatusCode.OK
+    destination = ""
+    for answer in answers:
+        for option in answer.request_headers.response.header_mutation.set_headers:
+            if option.header.key == "x-gateway-destination-endpoint":
+                destination = option.header.raw_value.decode()
+    return destination, answers
+
+
+async def test_the_epp_serves_its_pool_strips_control_headers_and_takes_nginx_turns(
+    gaie_crds: str,
+    operator: OperatorProcess,
+    crs: Custom,
+    api: Any,
+    core: Any,
+    namespace: str,
+    own_nodes: list[str],
+    pool_epp: tuple[int, int],
+) -> None:
+    epp_port, metrics_port = pool_epp
+    where = src_and_dst(crs, namespace, own_nodes, operator)
+    port = int(where["dst"].rsplit(":", 1)[1])
+    # A pool that selects only dst's pod, by the worker label the operator puts on it.
+    pool = inference_pool("agents", port)
+    pool["spec"]["selector"]["matchLabels"]["sessionfleet.dev/worker"] = "dst"
+    custom = client.CustomObjectsApi(api)
+    custom.create_namespaced_custom_object(POOL_GROUP, POOL_VERSION, namespace, POOLS, pool)
+    wait_until(
+        lambda: metric(metrics_port, 'inference_pool_ready_pods{name="agents"}') == 1.0,
+        timeout=30,
+        what="the EPP's pool of one ready pod",
+    )
+    mismatched = 'sessionfleet_epp_pool_mismatched_workers{reason="NotSelected"}'
+    assert metric(metrics_port, mismatched) == 1.0  # src: reported, never named
+
+    seen: list[dict[str, str]] = []
+
+    async def recording(endpoint: str, headers: dict[str, str], body: bytes) -> Upstream:
+        seen.append({k.lower(): v for k, v in headers.items()})
+        return await forward(endpoint, headers, body)
+
+    control = {
+        "x-gateway-inference-objective": "premium",
+        "x-gateway-inference-fairness-id": "tenant-a",
+        "x-gateway-model-name-rewrite": "m",
+    }
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{epp_port}") as channel:
+        envoy = Envoy(channel)
+        # Envoy style: new sessions and a stateless request, only ever to the pool's pod.
+        for n in range(3):
+            body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+            turn = await envoy.turn(
+                {"x-session-id": f"pooled-{n}", **control}, body.encode(), recording
+            )
+            assert turn.destination == [where["dst"]], n
+            assert turn.upstream is not None and turn.upstream.status == 200
+        assert seen and all(not (set(control) & set(headers)) for headers in seen)
+        wait_for(
+            operator,
+            lambda: bound_to(crs).get(session_object_name("pooled-0")) == "dst",
+            timeout=30,
+            what="pooled-0 Bound to dst",
+        )
+
+        # NGINX Gateway Fabric style: the destination comes in the request_headers answer
+        # (no protocol_config: full duplex assumed), and the new session is recorded
+        # although the response never passes through the stream.
+        body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "yo"}]})
+        destination, answers = await nginx_turn(channel, {"x-session-id": "nginx-1"}, body.encode())
+        assert destination == where["dst"], answers
+        wait_for(
+            operator,
+            lambda: bound_to(crs).get(session_object_name("nginx-1")) == "dst",
+            timeout=30,
+            what="the NGINX-style session recorded and Bound",
+        )
+
+        # The pool moves to another target port: the EPP names the pod there, and says
+        # the engine does not listen on it.
+        custom.patch_namespaced_custom_object(
+            POOL_GROUP,
+            POOL_VERSION,
+            namespace,
+            POOLS,
+            "agents",
+            {"spec": {"targetPorts": [{"number": port + 1}]}},
+        )
+        ip = where["dst"].rsplit(":", 1)[0]
+        moved = f"{ip}:{port + 1}"
+
+        async def named() -> str:
+            destination, _ = await nginx_turn(channel, {}, body.encode())
+            return destination
+
+        for _ in range(100):
+            if await named() == moved:
+                break
+            await asyncio.sleep(0.1)
+        assert await named() == moved
+        differs = 'sessionfleet_epp_pool_mismatched_workers{reason="PortDiffers"}'
+        assert metric(metrics_port, differs) == 1.0
+
+    labels = 'model_name="m",target_model_name="m"'
+    assert (metric(metrics_port, f"inference_objective_request_total{{{labels}}}") or 0) >= 4
+    assert metric(metrics_port, f"inference_objective_input_tokens_count{{{labels}}}") == 3.0

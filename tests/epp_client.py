@@ -176,6 +176,8 @@ class Turn:
     """The endpoints the EPP chose, primary first; empty when it answered itself."""
     mutations: dict[str, str] = field(default_factory=dict)
     """The request headers the EPP set."""
+    removed: list[str] = field(default_factory=list)
+    """The request headers the EPP removed (Envoy drops them before the upstream)."""
     immediate: tuple[int, dict[str, str], dict[str, Any]] | None = None
     upstream: Upstream | None = None
     body: bytes = b""
@@ -253,6 +255,8 @@ class Envoy:
         upstream_headers = {
             k: v for k, v in headers.items() if not k.startswith(":") and k.lower() != "host"
         }
+        for name in turn.removed:
+            upstream_headers = {k: v for k, v in upstream_headers.items() if k.lower() != name}
         upstream_headers.update(turn.mutations)
         upstream_headers.pop(DESTINATION, None)
         upstream_headers["content-type"] = "application/json"
@@ -286,7 +290,9 @@ class Envoy:
         assert header == metadata, (header, metadata)  # the protocol: always the same value
         turn.destination = header.split(",")
         kind = answer.WhichOneof("response")
-        turn.mutations = set_headers(getattr(answer, kind).response)
+        common = getattr(answer, kind).response
+        turn.mutations = set_headers(common)
+        turn.removed = [name.lower() for name in common.header_mutation.remove_headers]
 
     async def _close(self, call: Any, turn: Turn) -> Turn:
         await call.done_writing()

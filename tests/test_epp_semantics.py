@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import grpc
@@ -91,7 +93,10 @@ def test_membership_names_selected_pods_at_the_first_target_port_and_says_why_no
         }
     )
     pods = {"10.0.0.1": SELECTED, "10.0.0.2": {"app": "engine"}}
-    at = lambda ip: WorkerView.from_object(worker("w", ip))  # noqa: E731
+
+    def at(ip: str) -> WorkerView:
+        return WorkerView.from_object(worker("w", ip))
+
     selected = WorkerView("w", "m", "Ready", "http://10.0.0.1:9000", 4, 0, 0.0)
     assert membership(spec, pods, selected).address == "10.0.0.1:9000"
     assert membership(spec, pods, selected).mismatch is None
@@ -226,7 +231,11 @@ class Creator:
         self.bindings.apply_session(session(identity.session_id, placed))
 
 
-async def serve(bindings: BindingTable, *, fallbacks: int = 0, linger: float = 120.0) -> Any:
+@asynccontextmanager
+async def serve(
+    bindings: BindingTable, *, fallbacks: int = 0, linger: float = 120.0
+) -> AsyncIterator[tuple[Any, Processor]]:
+    """An in-process EPP over real gRPC; yields its stub and its processor."""
     settings = EppSettings(
         picker=PickerConfig(fallbacks=fallbacks, session_rates=NO_LIMITS),
         exchange=ExchangeSettings(MODES.FULL_DUPLEX_STREAMED, MODES.FULL_DUPLEX_STREAMED),
@@ -240,7 +249,18 @@ async def serve(bindings: BindingTable, *, fallbacks: int = 0, linger: float = 1
     server, port = grpc_server(processor, health, "127.0.0.1:0")
     await server.start()
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
-    return server, channel, pb_grpc.ExternalProcessorStub(channel), processor
+    try:
+        yield pb_grpc.ExternalProcessorStub(channel), processor
+    finally:
+        await channel.close()
+        await server.stop(None)
+
+
+async def ask(stub: Any, sid: str, body: bytes = b"") -> tuple[Any, list[Any]]:
+    """Open a stream and send a session's request, as Envoy does; the call and answers."""
+    call = stub.Process()
+    messages = [request_headers({"x-session-id": sid}), request_body(body or chat_body(), True)]
+    return call, await send(call, messages, 2)
 
 
 async def send(call: Any, messages: list[Any], expect: int) -> list[Any]:
@@ -259,46 +279,35 @@ async def until(check: Any) -> None:
 
 async def test_a_new_session_served_by_a_fallback_is_bound_where_it_was_served() -> None:
     bindings = fleet()
-    server, channel, stub, processor = await serve(bindings, fallbacks=2)
-    try:
-        call = stub.Process()
+    async with serve(bindings, fallbacks=2) as (stub, processor):
         body = chat_body()
-        answers = await send(
-            call, [request_headers({"x-session-id": "fb"}), request_body(body, True)], 2
-        )
+        call, answers = await ask(stub, "fb", body)
         listed = destination_of(answers[0])[0].split(",")
         primary, fallback = listed[0], listed[1]
         # The data plane could not reach the primary and served it at the fallback.
         await send(call, [response_headers(served=fallback)], 1)
-        creator = processor.creator
+        creator: Any = processor.creator
         await until(lambda: creator.calls)
-        by_address = {w.endpoint.removeprefix("http://"): w.name for w in bindings.workers.values()}
+        by_address = {
+            (w.endpoint or "").removeprefix("http://"): w.name for w in bindings.workers.values()
+        }
         assert creator.calls == [("fb", by_address[fallback])]
         assert by_address[primary] != by_address[fallback]
         await send(call, [response_body(b"{}", True)], 1)
         await call.done_writing()
         # The next turn goes where the session is bound: the fallback.
-        call = stub.Process()
-        answers = await send(
-            call, [request_headers({"x-session-id": "fb"}), request_body(body, True)], 2
-        )
+        call, answers = await ask(stub, "fb", body)
         assert destination_of(answers[0])[0] == fallback
         call.cancel()
-    finally:
-        await channel.close()
-        await server.stop(None)
 
 
 async def test_a_turn_ends_at_the_response_end_not_at_a_half_close_before_it() -> None:
     """NGINX Gateway Fabric's shim: headers, body, half-close, and no response on the stream."""
     bindings = fleet([session("ng", "w-1")])
     name = session_object_name("ng", None)
-    server, channel, stub, processor = await serve(bindings, linger=30.0)
-    try:
+    async with serve(bindings, linger=30.0) as (stub, processor):
         body = chat_body()
-        call = stub.Process()
-        nginx = request_headers({"x-session-id": "ng"})
-        answers = await send(call, [nginx, request_body(body, True)], 2)
+        call, answers = await ask(stub, "ng", body)
         assert destination_of(answers[0])[0] == "10.0.0.1:8000"
         await call.done_writing()
         assert await asyncio.wait_for(call.read(), 5) is not None  # EOF: the call ends
@@ -309,8 +318,7 @@ async def test_a_turn_ends_at_the_response_end_not_at_a_half_close_before_it() -
         assert bindings.workers["w-1"].in_flight == 1
         # Envoy-style: the session's next turn ends the previous one, and itself ends at the
         # response's end of stream, before the gateway closes its side.
-        call = stub.Process()
-        await send(call, [request_headers({"x-session-id": "ng"}), request_body(body, True)], 2)
+        call, _ = await ask(stub, "ng", body)
         assert processor.turns.sessions.get(name) == 1
         chunks = sse_chunks()
         await send(call, [response_headers(event_stream=True)], 1)
@@ -319,27 +327,17 @@ async def test_a_turn_ends_at_the_response_end_not_at_a_half_close_before_it() -
         await until(lambda: not processor.turns.sessions.get(name))
         assert bindings.workers["w-1"].in_flight == 0
         await call.done_writing()
-    finally:
-        await channel.close()
-        await server.stop(None)
 
 
 async def test_an_unobserved_turn_stops_counting_after_its_time() -> None:
     bindings = fleet([session("ng", "w-1")])
     name = session_object_name("ng", None)
-    server, channel, stub, processor = await serve(bindings, linger=0.2)
-    try:
-        call = stub.Process()
-        await send(
-            call, [request_headers({"x-session-id": "ng"}), request_body(chat_body(), True)], 2
-        )
+    async with serve(bindings, linger=0.2) as (stub, processor):
+        call, _ = await ask(stub, "ng")
         await call.done_writing()
         await call.code()
         assert processor.turns.sessions.get(name) == 1
         await until(lambda: not processor.turns.sessions.get(name))
-    finally:
-        await channel.close()
-        await server.stop(None)
 
 
 # --- item 7: GAIE's metric names ---------------------------------------------------------
@@ -347,12 +345,8 @@ async def test_an_unobserved_turn_stops_counting_after_its_time() -> None:
 
 async def test_gaie_metrics_are_exported_under_their_names_and_labels() -> None:
     bindings = fleet([session("g", "w-1")])
-    server, channel, stub, processor = await serve(bindings)
-    try:
-        call = stub.Process()
-        await send(
-            call, [request_headers({"x-session-id": "g"}), request_body(chat_body(), True)], 2
-        )
+    async with serve(bindings) as (stub, processor):
+        call, _ = await ask(stub, "g")
         chunks = sse_chunks()
         await send(call, [response_headers(event_stream=True)], 1)
         await send(call, [response_body(c, i == len(chunks) - 1) for i, c in enumerate(chunks)], 3)
@@ -363,9 +357,6 @@ async def test_gaie_metrics_are_exported_under_their_names_and_labels() -> None:
         bad = {"x-session-id": "bad id"}
         await send(call, [request_headers(bad), request_body(chat_body(), True)], 1)
         await call.code()
-    finally:
-        await channel.close()
-        await server.stop(None)
     text = generate_latest(processor.metrics.registry).decode()
     labels = 'model_name="m",target_model_name="m"'
     assert f"inference_objective_request_total{{{labels}}} 1.0" in text
