@@ -340,6 +340,24 @@ async def test_an_unobserved_turn_stops_counting_after_its_time() -> None:
         await until(lambda: not processor.turns.sessions.get(name))
 
 
+async def test_a_held_request_of_the_session_ends_its_unobserved_turn() -> None:
+    """The migration handshake is not kept waiting: the session's next request (held
+    while Migrating) shows the unobserved turn is over."""
+    bindings = fleet([session("ng", "w-1")])
+    name = session_object_name("ng", None)
+    async with serve(bindings, linger=60.0) as (stub, processor):
+        call, _ = await ask(stub, "ng")
+        await call.done_writing()
+        await call.code()
+        assert processor.turns.sessions.get(name) == 1
+        bindings.apply_session(session("ng", "w-1", phase="Migrating"))
+        call, answers = await ask(stub, "ng")
+        status, _, body = immediate_of(answers[0])
+        assert (status, body["error"]["code"]) == (503, "session_held")
+        assert not processor.turns.sessions.get(name)
+        assert bindings.workers["w-1"].in_flight == 0
+
+
 # --- item 7: GAIE's metric names ---------------------------------------------------------
 
 

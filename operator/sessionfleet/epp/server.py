@@ -43,9 +43,10 @@ from sessionfleet.epp.pool import (
     watch_pool,
 )
 from sessionfleet.epp.protocol import Exchange, ExchangeSettings, TurnOutcome
-from sessionfleet.fronts.bindings import BindingTable
+from sessionfleet.fronts.bindings import BindingTable, WorkerView
 from sessionfleet.fronts.errors import RouterError
 from sessionfleet.fronts.handshake import Acknowledger, LeaseKeeper
+from sessionfleet.fronts.identity import session_object_name
 from sessionfleet.fronts.kubesync import Flusher, SessionCreator, watch_sessions, watch_workers
 from sessionfleet.fronts.ledger import UsageLedger, turn_totals
 from sessionfleet.fronts.metrics import RouterMetrics
@@ -109,7 +110,7 @@ class Processor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         """Turns in flight here and their holds; the migration handshake reads them."""
         self.gaie = gaie
         self._tasks: set[asyncio.Task[None]] = set()
-        self._unobserved: dict[str, asyncio.TimerHandle] = {}
+        self._unobserved: dict[str, tuple[asyncio.TimerHandle, WorkerView]] = {}
         """Sessions whose last turn the gateway stopped showing, until it surely ended."""
 
     async def Process(  # the gRPC method's name
@@ -122,7 +123,8 @@ class Processor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         try:
             async for message in requests:
                 answers = exchange.receive(message, time.monotonic())
-                if exchange.waiting:
+                if exchange.held is not None:
+                    self._arrived(session_object_name(exchange.held.session_id, None))
                     answers = await self._hold(exchange)
                 if exchange.route is not None and turn.route is None:
                     self._begin(turn, exchange.route, exchange)
@@ -143,15 +145,22 @@ class Processor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
     def _begin(self, turn: _Turn, route: Route, exchange: Exchange) -> None:
         turn.route = route
         if route.session is not None:
-            # A session's turns come one after another: its next turn ends one that a
-            # gateway stopped showing us (see _finish).
-            lingering = self._unobserved.pop(route.session, None)
-            if lingering is not None:
-                lingering.cancel()
-                self.turns.ended(route.workers[0], route.session)
+            self._arrived(route.session)
         self.turns.started(route.workers[0], route.session)
         if self.gaie is not None:
             self.gaie.started(exchange.requested_model, route.model)
+
+    def _arrived(self, session: str) -> None:
+        """End the session's unobserved turn, if any: its next request shows it ended.
+
+        An agent's turns come one after another, so a request of the session (routed or
+        held) means the turn a gateway stopped showing us is over (see _finish).
+        """
+        lingering = self._unobserved.pop(session, None)
+        if lingering is not None:
+            handle, worker = lingering
+            handle.cancel()
+            self.turns.ended(worker, session)
 
     def _end(self, turn: _Turn) -> None:
         if turn.route is not None and not turn.ended:
@@ -188,12 +197,9 @@ class Processor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
             if self._unobserved.pop(session, None) is not None:
                 self.turns.ended(worker, session)
 
-        loop = asyncio.get_running_loop()
-        previous = self._unobserved.pop(session, None)
-        if previous is not None:
-            previous.cancel()
-            self.turns.ended(worker, session)
-        self._unobserved[session] = loop.call_later(self.settings.unobserved_turn_seconds, end)
+        self._arrived(session)
+        handle = asyncio.get_running_loop().call_later(self.settings.unobserved_turn_seconds, end)
+        self._unobserved[session] = (handle, worker)
 
     async def _hold(self, exchange: Exchange) -> list[Any]:
         def retry() -> list[Any] | None:
