@@ -15,6 +15,11 @@ exists: the choice is remembered here (:attr:`EndpointPicker.provisional`) until
 create, made off the hot path, lands in the table, so that a second turn arriving
 meanwhile goes to the same worker.
 
+Two rules of the EPP's own (docs/epp.md): with an InferencePool (:class:`PoolFilter`)
+only the workers it reaches are chosen, named at its target port; and the model to route
+by is :meth:`EndpointPicker.target_model` (the rewrite header, a served model, an
+adapter of the only base model, or none: any Ready worker).
+
 Pure: no I/O; time is passed in.
 """
 
