@@ -25,13 +25,20 @@ from sessionfleet.fleetsim._config import (
     FleetConfig,
     OperatorSettings,
 )
-from sessionfleet.fleetsim._results import DrainRecord, FailureRecord, SimResult, format_table
+from sessionfleet.fleetsim._results import (
+    DrainRecord,
+    FailureRecord,
+    SimResult,
+    format_fair_table,
+    format_table,
+)
 from sessionfleet.fleetsim._sim import Simulation, make_strategy, simulate
 from sessionfleet.fleetsim._strategies import (
     STRATEGIES,
     GatedAffinity,
     HardAffinity,
     LeastLoaded,
+    LlmdScheduler,
     Operator,
     RoundRobin,
     Strategy,
@@ -49,6 +56,7 @@ __all__ = [
     "GatedAffinity",
     "HardAffinity",
     "LeastLoaded",
+    "LlmdScheduler",
     "Operator",
     "OperatorSettings",
     "PrefixCache",
@@ -56,6 +64,7 @@ __all__ = [
     "SimResult",
     "Simulation",
     "Strategy",
+    "format_fair_table",
     "format_table",
     "make_strategy",
     "simulate",
