@@ -9,6 +9,7 @@ Requests are sent at their recorded times (open loop).
 
 from __future__ import annotations
 
+import random
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -128,6 +129,7 @@ def _router(strategy: str, workers: list[_ReplayWorker], config: FleetConfig, bl
     """Return the routing function of a strategy, over the replay's workers."""
     turn = iter(range(1 << 62))
     sticky: dict[str, tuple[_ReplayWorker, float]] = {}
+    rng = random.Random(0)  # ties go to a random one of the best, reproducibly
 
     def round_robin(request: TraceRequest, now: float) -> _ReplayWorker:
         return workers[next(turn) % len(workers)]
@@ -150,7 +152,10 @@ def _router(strategy: str, workers: list[_ReplayWorker], config: FleetConfig, bl
             previous[0] if previous and now - previous[1] <= config.session_ttl_seconds else None
         )
         best, best_score = workers[0], -1.0
-        for worker, backlog in zip(workers, backlogs, strict=True):
+        count = len(workers)
+        first = rng.randrange(count)
+        for index in range(first, first + count):
+            worker, backlog = workers[index % count], backlogs[index % count]
             cached = cached_prefix(request, worker.cache.blocks.__contains__, block)
             score = 3.0 * cached / max(request.input_tokens, 1)
             score += 2.0 * ((high - backlog) / spread if spread else 1.0)

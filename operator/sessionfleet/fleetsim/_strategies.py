@@ -14,6 +14,7 @@ goes at once, its cache with it, and its sessions' next turns go elsewhere.
 
 from __future__ import annotations
 
+import random
 from typing import ClassVar, Protocol
 
 from sessionfleet.fleetsim._config import FleetConfig
@@ -190,6 +191,9 @@ class LlmdScheduler(Strategy):
     queue_weight: ClassVar[float] = 2.0
     session_weight: ClassVar[float] = 1.0
 
+    def __init__(self) -> None:
+        self._rng = random.Random(0)
+
     def route(self, fleet: FleetView, live: Live, now: float) -> Worker | None:
         """Return the best-scoring serving worker, or ``None`` when all are saturated."""
         up = fleet.up_workers
@@ -208,7 +212,13 @@ class LlmdScheduler(Strategy):
         spread = high - low
         best: Worker | None = None
         best_score = -1.0
-        for worker, backlog in zip(up, backlogs, strict=True):
+        # Ties go to a random one of the best, as the max-score picker shuffles the
+        # endpoints before it picks (seeded: runs are reproducible).
+        count = len(up)
+        first = self._rng.randrange(count)
+        for index in range(first, first + count):
+            worker = up[index % count]
+            backlog = backlogs[index % count]
             cached = worker.cache.lookup(live.key, live.group, live.shared, prompt)
             score = self.prefix_weight * (cached / prompt if prompt else 0.0)
             score += self.queue_weight * ((high - backlog) / spread if spread else 1.0)
