@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
 
 from sessionfleet.fleetsim import FleetConfig
 from sessionfleet.fleetsim._replay import REPLAY_STRATEGIES, replay
-from sessionfleet.fleetsim._traces import load_trace
+from sessionfleet.fleetsim._traces import load_trace, trace_sessions
 from sessionfleet.workload import TraceFormatError
 
 TRACES = Path(__file__).parent / "fixtures" / "traces"
@@ -66,3 +67,41 @@ def test_a_bad_trace_line_is_a_clear_error(tmp_path: Path) -> None:
     bad.write_text(json.dumps({"timestamp": 0, "input_length": 10, "output_length": 1}) + "\n")
     with pytest.raises(TraceFormatError, match=r"bad.jsonl:1: .*hash_ids"):
         load_trace([bad])
+
+
+def test_trace_sessions_rebuild_every_prompt_length() -> None:
+    """Each session's prompts, rebuilt from new tokens, are the trace's own ``in``."""
+    trace = load_trace([TRACES / "claude-code"])
+    sessions = {s.session_id: s for s in trace_sessions(trace, model="m")}
+    assert set(sessions) == {"conv-a", "conv-b", "conv-a::s1"}
+    for name, session in sessions.items():
+        recorded = [r.input_tokens for r in trace.requests if r.session == name]
+        assert session.prompt_tokens() == recorded
+        assert session.model == "m"
+    # Every conversation starts with the same three 64-token blocks: the system prompt.
+    assert {s.system_prompt_tokens for s in sessions.values()} == {192}
+
+
+def test_a_broken_block_chain_is_a_compaction(tmp_path: Path) -> None:
+    """A request that does not keep the previous one's blocks restarts the context."""
+    lines = [
+        {"timestamp": 0, "input_length": 1500, "output_length": 5, "hash_ids": [1, 2, 3]},
+        {"timestamp": 9000, "input_length": 2000, "output_length": 5, "hash_ids": [1, 2, 3, 4]},
+        {"timestamp": 20000, "input_length": 700, "output_length": 5, "hash_ids": [9, 10]},
+    ]
+    path = tmp_path / "compacted.jsonl"
+    path.write_text("".join(json.dumps({**line, "session_id": "c"}) + "\n" for line in lines))
+    (session,) = trace_sessions(load_trace([path]))
+    assert session.compactions == (2,)
+    assert session.prompt_tokens() == [1500, 2000, 700]
+    assert session.pauses[0] == pytest.approx(9.0 - 5 * 0.025)
+
+
+def test_the_demo_driver_replays_a_trace() -> None:
+    """demo/run.py --trace drives the sessions the trace holds, under the demo's model."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from demo.driver import replay_workload
+
+    sessions = replay_workload([str(TRACES / "mooncake.jsonl")], model="demo-model")
+    assert [s.session_id for s in sessions] == ["x", "y", "z"]
+    assert all(s.model == "demo-model" and s.turn_count == 4 for s in sessions)

@@ -25,6 +25,7 @@ from sessionfleet.fleetsim._config import (
     FleetConfig,
     OperatorSettings,
 )
+from sessionfleet.fleetsim._replay import REPLAY_STRATEGIES, ReplayResult, replay
 from sessionfleet.fleetsim._results import (
     DrainRecord,
     FailureRecord,
@@ -43,8 +44,10 @@ from sessionfleet.fleetsim._strategies import (
     RoundRobin,
     Strategy,
 )
+from sessionfleet.fleetsim._traces import Trace, TraceRequest, load_trace, trace_sessions
 
 __all__ = [
+    "REPLAY_STRATEGIES",
     "STRATEGIES",
     "CostModel",
     "Disruption",
@@ -60,12 +63,18 @@ __all__ = [
     "Operator",
     "OperatorSettings",
     "PrefixCache",
+    "ReplayResult",
     "RoundRobin",
     "SimResult",
     "Simulation",
     "Strategy",
+    "Trace",
+    "TraceRequest",
     "format_fair_table",
     "format_table",
+    "load_trace",
     "make_strategy",
+    "replay",
     "simulate",
+    "trace_sessions",
 ]

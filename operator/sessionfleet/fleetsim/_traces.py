@@ -12,7 +12,9 @@ that a replay gets its cache hits from the blocks themselves rather than from a 
 - **Mooncake traces**: JSON lines with ``timestamp`` (milliseconds), ``input_length``,
   ``output_length`` and ``hash_ids`` of 512-token blocks, optionally ``session_id``.
 
-Both load into :class:`TraceRequest` records in time order.
+Both load into :class:`TraceRequest` records in time order;
+:func:`trace_sessions` turns them into agent sessions for drivers that send real prompts
+(the demo driver, ``demo/run.py --trace``).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from sessionfleet.workload import TraceFormatError
+from sessionfleet.workload import Session, TraceFormatError
 
 CLAUDE_CODE_BLOCK = 64
 MOONCAKE_BLOCK = 512
@@ -183,3 +185,82 @@ def _mooncake(path: Path) -> list[TraceRequest]:
                 f"output_length and hash_ids ({exc})"
             ) from None
     return out
+
+
+def trace_sessions(
+    trace: Trace, *, model: str = "agent-model", decode_seconds_per_token: float = 0.025
+) -> list[Session]:
+    """Turn a trace's requests into agent sessions, for drivers that send real prompts.
+
+    Requests of one session become its turns. A turn whose blocks extend the previous
+    turn's full blocks appends to the conversation; any other is a compaction (the
+    context restarts from the system prompt). The system prompt is the run of leading
+    blocks that the session's first request shares with every other session starting
+    with the same block (its prefix group). A tool pause is the recorded gap between two
+    requests less the answer's decoding at ``decode_seconds_per_token``. Sub-agents
+    become sessions of their own (their tie to the parent is not kept).
+    """
+    block = trace.block_size
+    by_session: dict[str, list[TraceRequest]] = {}
+    for request in trace.requests:
+        by_session.setdefault(request.session, []).append(request)
+    firsts = {name: requests[0].hash_ids for name, requests in by_session.items()}
+    shared_by_group: dict[int, tuple[int, ...]] = {}
+    for chain in firsts.values():
+        if chain:
+            known = shared_by_group.get(chain[0])
+            shared_by_group[chain[0]] = chain if known is None else _common(known, chain)
+    sessions = []
+    for name, requests in by_session.items():
+        head = firsts[name]
+        group = head[0] if head else None
+        members = sum(1 for chain in firsts.values() if chain and chain[0] == group)
+        shared = len(shared_by_group[group]) if group is not None and members > 1 else 0
+        system = min(shared * block, max(requests[0].input_tokens - 1, 0))
+        new_tokens, compactions = [], []
+        previous: TraceRequest | None = None
+        for k, request in enumerate(requests):
+            if previous is None:
+                new_tokens.append(max(1, request.input_tokens))  # the system prompt included
+            elif (
+                _extends(previous, request, block) and request.input_tokens > previous.input_tokens
+            ):
+                new_tokens.append(request.input_tokens - previous.input_tokens)
+            else:
+                compactions.append(k)
+                new_tokens.append(max(1, request.input_tokens - system))
+            previous = request
+        pauses = [
+            max(0.0, after.at - before.at - before.output_tokens * decode_seconds_per_token)
+            for before, after in zip(requests, requests[1:], strict=False)
+        ]
+        sessions.append(
+            Session(
+                session_id=name,
+                arrival=requests[0].at,
+                new_tokens=tuple(new_tokens),
+                output_tokens=tuple(max(1, r.output_tokens) for r in requests),
+                pauses=(*pauses, 0.0),
+                system_prompt_tokens=system,
+                model=model,
+                prefix_group=f"trace-{group}" if shared else name,
+                compactions=tuple(compactions),
+            )
+        )
+    sessions.sort(key=lambda session: session.arrival)
+    return sessions
+
+
+def _common(first: tuple[int, ...], second: tuple[int, ...]) -> tuple[int, ...]:
+    length = 0
+    for a, b in zip(first, second, strict=False):
+        if a != b:
+            break
+        length += 1
+    return first[:length]
+
+
+def _extends(previous: TraceRequest, request: TraceRequest, block: int) -> bool:
+    """Whether ``request`` keeps every full block of ``previous`` as its prefix."""
+    full = previous.input_tokens // block
+    return request.hash_ids[:full] == previous.hash_ids[:full]
