@@ -204,10 +204,12 @@ DEMO_CHECKPOINTS ?= on
 DEMO_FAST ?=
 DEMO_ENGINE ?= sim
 DEMO_STATE_DIR ?= .demo-state
+DEMO_TRACE ?=
 demo: e2e-tools venv $(if $(filter vllm,$(DEMO_ENGINE)),e2e-vllm-tools,)
 	@$(PY) demo/run.py up --state-dir $(DEMO_STATE_DIR) --sessions $(DEMO_SESSIONS) \
 		--drain-mode $(DEMO_DRAIN_MODE) --checkpoints $(DEMO_CHECKPOINTS) \
-		--engine $(DEMO_ENGINE) $(if $(DEMO_FAST),--fast,)
+		--engine $(DEMO_ENGINE) $(if $(DEMO_FAST),--fast,) \
+		$(if $(DEMO_TRACE),--trace $(DEMO_TRACE),)
 
 demo-down: venv
 	@$(PY) demo/run.py down --state-dir $(DEMO_STATE_DIR)

@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 
+from sessionfleet.fleetsim import load_trace, trace_sessions
 from sessionfleet.workload import (
     CHARS_PER_TOKEN,
     Session,
@@ -52,6 +53,14 @@ def workload_config(sessions: int, *, fast: bool, model: str) -> WorkloadConfig:
 def make_workload(sessions: int, *, fast: bool, model: str, seed: int) -> list[Session]:
     """Generate the sessions (roots and their children) for one demo run."""
     return list(generate(workload_config(sessions, fast=fast, model=model), seed=seed))
+
+
+def replay_workload(
+    paths: Sequence[str], *, model: str, time_scale: float = 1.0, seed: int = 1
+) -> list[Session]:
+    """Sessions replayed from Claude Code or Mooncake traces (block-hash prefixes)."""
+    trace = load_trace(paths, seed=seed, time_scale=time_scale)
+    return trace_sessions(trace, model=model)
 
 
 def filler(tag: str, tokens: int) -> str:

@@ -32,7 +32,7 @@ if str(REPO) not in sys.path:
 import yaml  # noqa: E402
 from kubernetes import client  # noqa: E402
 
-from demo.driver import Driver, make_workload  # noqa: E402
+from demo.driver import Driver, make_workload, replay_workload  # noqa: E402
 from demo.report import build_report, render_markdown, render_png, render_text  # noqa: E402
 from e2e.helpers import wait_established  # noqa: E402
 from e2e.localcluster import (  # noqa: E402
@@ -46,6 +46,7 @@ from e2e.localcluster import (  # noqa: E402
 from e2e.localcluster._components import Layout  # noqa: E402
 from e2e.localcluster._process import ProcessRecord, is_running, spawn, stop  # noqa: E402
 from sessionfleet.fleetsim import FleetConfig, simulate  # noqa: E402
+from sessionfleet.workload import Session  # noqa: E402
 
 NAMESPACE = "sessionfleet-demo"
 RELEASE = "sf"
@@ -566,7 +567,7 @@ class Demo:
     ) -> tuple[Driver, dict[str, Any], list[dict[str, Any]]]:
         """Run the workload, with a drain and engine kills in the middle."""
         args = self.args
-        sessions = make_workload(args.sessions, fast=args.fast, model=MODEL, seed=args.seed)
+        sessions = self.workload()
         self.t0 = time.monotonic()
         driver = Driver(self.router_url, sessions, MODEL, clock=self.clock)
         nodes: list[str] = self.state.data["nodes"]
@@ -588,11 +589,16 @@ class Demo:
         print("", file=sys.stderr)
         return driver, drain_result, failures
 
+    def workload(self) -> list[Session]:
+        """Return the sessions to drive: the synthetic workload, or a trace (--trace)."""
+        args = self.args
+        if args.trace:
+            return replay_workload(args.trace, model=MODEL, time_scale=args.time_scale)
+        return make_workload(args.sessions, fast=args.fast, model=MODEL, seed=args.seed)
+
     def simulator(self, workers: int) -> list[dict[str, Any]]:
         """Simulate the same workload: round-robin, plain affinity, the operator."""
-        sessions = make_workload(
-            self.args.sessions, fast=self.args.fast, model=MODEL, seed=self.args.seed
-        )
+        sessions = self.workload()
         fleet = FleetConfig(workers=workers, model=MODEL, kv_tokens=1_048_576, restart_seconds=10.0)
         return [
             simulate(sessions, name, fleet).as_dict()
@@ -602,7 +608,11 @@ class Demo:
     def run(self) -> int:
         """Everything; returns the exit status."""
         names = self.start()
-        log(f"driving {self.args.sessions} root sessions through the router at {self.router_url}")
+        what = f"the trace {' '.join(self.args.trace)}" if self.args.trace else None
+        log(
+            f"driving {what or f'{self.args.sessions} root sessions'} through the router "
+            f"at {self.router_url}"
+        )
         driver, drain, failures = asyncio.run(self.scenario(names))
         log("waiting for the router's usage writes, then computing the report")
         time.sleep(2)
@@ -691,6 +701,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=5)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--fast", action="store_true", help="seconds instead of minutes (CI)")
+    parser.add_argument(
+        "--trace",
+        nargs="+",
+        metavar="PATH",
+        help="replay Claude Code JSON traces (files or a folder) or a Mooncake JSONL file "
+        "instead of the synthetic workload (docs/simulator.md)",
+    )
+    parser.add_argument(
+        "--time-scale",
+        type=float,
+        default=1.0,
+        help="with --trace: multiply the trace's times (0.1: ten times as fast)",
+    )
     parser.add_argument("--down-after", action="store_true", help="stop everything at the end")
     args = parser.parse_args(argv)
     args.state_dir = args.state_dir.resolve()

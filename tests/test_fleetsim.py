@@ -134,7 +134,10 @@ def test_time_to_first_token_reflects_recomputation_and_load() -> None:
     assert round_robin.ttft_mean > 3 * operator.ttft_mean
     assert round_robin.ttft_p95 > operator.ttft_p95 >= operator.ttft_quantile(0.5)
     few = run(AGENTIC, "operator", replace(slow, workers=3))
-    assert few.ttft_mean > 2 * operator.ttft_mean  # queueing behind other prefills
+    assert few.ttft_mean > operator.ttft_mean  # queueing behind other prefills
+    # With three workers maxSessions turns sessions away: they wait for admission, which
+    # is reported apart from their time to first token.
+    assert few.admission_max > 60 > operator.admission_max
 
 
 def test_runs_are_reproducible() -> None:

@@ -138,3 +138,59 @@ def test_bad_arguments_are_refused_by_the_parser(
         main([*SMALL, *args])
     assert exit_info.value.code == 2
     assert "simulate: error:" in capsys.readouterr().err
+
+
+def test_steady_state_table_behind_one_admission_cap(capsys: pytest.CaptureFixture[str]) -> None:
+    """--steady with a cap prints the fair table: admission, goodput, utilisation columns."""
+    args = [*SMALL, "--rate", "2", "--admission-cap", "10", "--client-timeout", "5m", "--steady"]
+    assert main([*args, "--strategies", "affinity,llm-d,operator"]) == 0
+    out = capsys.readouterr().out
+    assert "admission cap 10, client timeout 300s" in out
+    fair = out[out.index("steady state:") :]
+    header = next(line for line in fair.splitlines() if line.startswith("strategy"))
+    for column in ("TTFT p50", "admit p50", "queue mean/max", "on target", "prefill util"):
+        assert column in header
+    assert "\nllm-d" in fair
+
+
+def test_sweep_finds_a_sustained_rate_per_strategy(capsys: pytest.CaptureFixture[str]) -> None:
+    """Round-robin sustains less than affinity on the same fleet; each gets a row."""
+    args = ["simulate", "--sessions", "200", "--workers", "2", "--no-progress"]
+    args += ["--prefill-tokens-per-second", "20000", "--strategies", "round-robin,affinity"]
+    assert main([*args, "--sweep", "0.01:2", "--ttft-target", "2"]) == 0
+    rows = {
+        line.split()[0]: line.split()[1]
+        for line in capsys.readouterr().out.splitlines()
+        if line.startswith(("round-robin ", "affinity "))
+    }
+    rate = {name: float(text.strip("</s")) for name, text in rows.items() if text != "<"}
+    assert set(rows) == {"round-robin", "affinity"}
+    assert rate.get("round-robin", 0.0) < rate["affinity"]
+
+
+@pytest.mark.parametrize("sweep", ["2:1", "fast", "0:1"])
+def test_a_bad_sweep_is_a_clear_error(sweep: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """LOW:HIGH with 0 < LOW < HIGH, or exit status 2 with a message."""
+    assert main([*SMALL, "--sweep", sweep]) == 2
+    assert "--sweep wants" in capsys.readouterr().err
+
+
+def test_replay_prints_the_recorded_hit_rate(capsys: pytest.CaptureFixture[str]) -> None:
+    """Each replay strategy's hit rate, then the trace's own."""
+    trace = Path(__file__).parent / "fixtures" / "traces" / "mooncake.jsonl"
+    assert main(["simulate", "--replay", str(trace), "--workers", "2", "--json", "-"]) == 0
+    out = capsys.readouterr().out
+    assert "(recorded)" in out
+    document = json.loads(out.splitlines()[-1])
+    assert 0 < document["recorded_hit_rate"] < 1
+    assert {row["strategy"] for row in document["results"]} >= {"affinity", "operator"}
+
+
+def test_replay_of_a_bad_file_is_a_clear_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Not a trace: exit status 2 and the file named."""
+    bad = tmp_path / "conversation.json"
+    bad.write_text("[1, 2]")
+    assert main(["simulate", "--replay", str(bad)]) == 2
+    assert "conversation.json" in capsys.readouterr().err

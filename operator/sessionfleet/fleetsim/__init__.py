@@ -25,19 +25,29 @@ from sessionfleet.fleetsim._config import (
     FleetConfig,
     OperatorSettings,
 )
-from sessionfleet.fleetsim._results import DrainRecord, FailureRecord, SimResult, format_table
+from sessionfleet.fleetsim._replay import REPLAY_STRATEGIES, ReplayResult, replay
+from sessionfleet.fleetsim._results import (
+    DrainRecord,
+    FailureRecord,
+    SimResult,
+    format_fair_table,
+    format_table,
+)
 from sessionfleet.fleetsim._sim import Simulation, make_strategy, simulate
 from sessionfleet.fleetsim._strategies import (
     STRATEGIES,
     GatedAffinity,
     HardAffinity,
     LeastLoaded,
+    LlmdScheduler,
     Operator,
     RoundRobin,
     Strategy,
 )
+from sessionfleet.fleetsim._traces import Trace, TraceRequest, load_trace, trace_sessions
 
 __all__ = [
+    "REPLAY_STRATEGIES",
     "STRATEGIES",
     "CostModel",
     "Disruption",
@@ -49,14 +59,22 @@ __all__ = [
     "GatedAffinity",
     "HardAffinity",
     "LeastLoaded",
+    "LlmdScheduler",
     "Operator",
     "OperatorSettings",
     "PrefixCache",
+    "ReplayResult",
     "RoundRobin",
     "SimResult",
     "Simulation",
     "Strategy",
+    "Trace",
+    "TraceRequest",
+    "format_fair_table",
     "format_table",
+    "load_trace",
     "make_strategy",
+    "replay",
     "simulate",
+    "trace_sessions",
 ]

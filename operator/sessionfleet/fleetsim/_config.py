@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from sessionfleet.api import CheckpointDriver, DrainPolicySpec
@@ -65,12 +66,35 @@ class FleetConfig:
     retry_max_seconds: float = 16.0
     load_gate_seconds: float = 2.0
     """affinity-gated: the prefill backlog beyond which a bound worker is reconsidered."""
+    admission_cap: int = 0
+    """Gateway flow control in front of every strategy: at most this many sessions live in
+    the fleet at once; a new session waits, first come first served, for one to end.
+    0: no cap (each strategy admits as it routes)."""
+    client_timeout_seconds: float = 0.0
+    """A client gives up on a turn whose first token has not come this long after it was
+    sent (admission wait included); its session counts as failed. 0: clients wait forever."""
+    ttft_target_seconds: float = 5.0
+    """The time to first token a turn must meet to count as goodput."""
+    warmup_seconds: float = 0.0
+    """Turns sent before this are served but not measured (a steady-state run)."""
+    measure_until_seconds: float = math.inf
+    """Turns sent after this are served but not measured (the fleet drains once arrivals
+    stop, which is not a steady state either)."""
+    session_ttl_seconds: float = 300.0
+    """llm-d: how long after its last answer a session's binding still counts."""
+    saturation_seconds: float = 5.0
+    """llm-d: a worker whose prefill backlog passes this is saturated; when every worker
+    is, the request waits at the gateway instead of being placed."""
 
     def __post_init__(self) -> None:
         if self.workers < 1:
             raise ValueError("a fleet needs at least one worker")
         if self.kv_tokens < self.block_size:
             raise ValueError("kv_tokens must hold at least one block")
+        if self.admission_cap < 0 or self.client_timeout_seconds < 0:
+            raise ValueError("admission_cap and client_timeout_seconds must not be negative")
+        if self.measure_until_seconds <= self.warmup_seconds:
+            raise ValueError("measure_until_seconds must come after warmup_seconds")
 
     def worker_name(self, index: int) -> str:
         """Return the name of worker ``index``."""

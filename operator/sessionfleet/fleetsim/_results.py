@@ -92,6 +92,28 @@ class SimResult:
     failures: list[FailureRecord] = field(default_factory=list)
     end_time: float = 0.0
     """Virtual seconds until the last session finished."""
+    sessions_failed: int = 0
+    """Sessions whose client gave up waiting for a first token (``client_timeout_seconds``)."""
+    admitted: int = 0
+    """Measured sessions whose first turn was placed."""
+    admission_max: float = 0.0
+    admission_histogram: list[int] = field(default_factory=new_histogram)
+    """Seconds from a session's arrival until its first turn was placed: the gateway's
+    queue and any retries for room; not part of its time to first token."""
+    queue_max: int = 0
+    queue_area: float = 0.0
+    """The admission queue's length integrated over time, for its time-weighted mean."""
+    session_seconds_histogram: list[int] = field(default_factory=new_histogram)
+    """Seconds from arrival to last answer of measured sessions that completed."""
+    completed_measured: int = 0
+    turns_on_target: int = 0
+    """Measured turns whose first token came within ``ttft_target_seconds``."""
+    prefill_busy: float = 0.0
+    """Seconds of prefill computed in the measured turns, all workers together."""
+    window_start: float = 0.0
+    window_end: float = 0.0
+    """The measured window: [warmup, min(measure-until, the last measured turn)]."""
+    workers: int = 0
     bin_seconds: float = 60.0
     bin_input: list[int] = field(default_factory=list)
     bin_cached: list[int] = field(default_factory=list)
@@ -119,6 +141,50 @@ class SimResult:
             if seen >= rank and count:
                 return min(bucket_upper(index), self.ttft_max)
         return self.ttft_max
+
+    @property
+    def window(self) -> float:
+        """Seconds of virtual time that were measured."""
+        return max(self.window_end - self.window_start, 1e-9)
+
+    @property
+    def turns_per_second(self) -> float:
+        """Measured turns per second of the window."""
+        return self.turns / self.window
+
+    @property
+    def output_tokens_per_second(self) -> float:
+        """Measured output tokens per second of the window."""
+        return self.output_tokens / self.window
+
+    @property
+    def goodput(self) -> float:
+        """Turns per second that met the time-to-first-token target."""
+        return self.turns_on_target / self.window
+
+    @property
+    def prefill_utilisation(self) -> float:
+        """Share of the workers' prefill time that the measured turns kept busy."""
+        return self.prefill_busy / (self.window * self.workers) if self.workers else 0.0
+
+    @property
+    def queue_mean(self) -> float:
+        """Time-weighted mean length of the admission queue over the run."""
+        return self.queue_area / self.end_time if self.end_time else 0.0
+
+    @property
+    def failed_share(self) -> float:
+        """Share of sessions (completed or failed) whose client gave up."""
+        total = self.sessions + self.sessions_failed
+        return self.sessions_failed / total if total else 0.0
+
+    def admission_quantile(self, q: float) -> float:
+        """Admission wait at quantile ``q`` (upper bucket edge, within 1%)."""
+        return _quantile(self.admission_histogram, self.admitted, q, self.admission_max)
+
+    def session_quantile(self, q: float) -> float:
+        """Session completion time at quantile ``q`` (upper bucket edge, within 1%)."""
+        return _quantile(self.session_seconds_histogram, self.completed_measured, q, math.inf)
 
     @property
     def ttft_p95(self) -> float:
@@ -170,7 +236,98 @@ class SimResult:
                 for f in self.failures
             ],
             "end_time_s": round(self.end_time, 1),
+            "ttft_p50_s": round(self.ttft_quantile(0.5), 4),
+            "ttft_p99_s": round(self.ttft_quantile(0.99), 4),
+            "ttft_max_s": round(self.ttft_max, 4),
+            "admission_wait_p50_s": round(self.admission_quantile(0.5), 4),
+            "admission_wait_p99_s": round(self.admission_quantile(0.99), 4),
+            "admission_wait_max_s": round(self.admission_max, 4),
+            "queue_mean": round(self.queue_mean, 2),
+            "queue_max": self.queue_max,
+            "session_time_p50_s": round(self.session_quantile(0.5), 2),
+            "session_time_p99_s": round(self.session_quantile(0.99), 2),
+            "sessions_failed": self.sessions_failed,
+            "window_s": [round(self.window_start, 1), round(self.window_end, 1)],
+            "turns_per_s": round(self.turns_per_second, 4),
+            "output_tokens_per_s": round(self.output_tokens_per_second, 2),
+            "goodput_turns_per_s": round(self.goodput, 4),
+            "turns_on_target": self.turns_on_target,
+            "prefill_utilisation": round(self.prefill_utilisation, 4),
         }
+
+
+def _quantile(histogram: list[int], total: int, q: float, ceiling: float) -> float:
+    if not total:
+        return 0.0
+    rank = q * total
+    seen = 0
+    for index, count in enumerate(histogram):
+        seen += count
+        if seen >= rank and count:
+            return min(bucket_upper(index), ceiling)
+    return ceiling
+
+
+def _seconds(value: float) -> str:
+    if value >= 600:
+        return f"{value / 60:.0f}m"
+    return f"{value:.2f}s" if value < 10 else f"{value:.0f}s"
+
+
+def format_fair_table(results: Sequence[SimResult], target: float) -> str:
+    """Return the steady-state comparison: latency, admission, goodput, utilisation."""
+    headers = (
+        "strategy",
+        "hit rate",
+        "TTFT p50",
+        "p99",
+        "max",
+        "admit p50",
+        "p99",
+        "queue mean/max",
+        "session p50",
+        "turns/s",
+        "tok/s",
+        f"on target ({target:g}s)",
+        "failed",
+        "prefill util",
+        "sim time",
+    )
+    rows = [
+        (
+            r.strategy,
+            f"{r.hit_rate:.1%}",
+            _seconds(r.ttft_quantile(0.5)),
+            _seconds(r.ttft_quantile(0.99)),
+            _seconds(r.ttft_max),
+            _seconds(r.admission_quantile(0.5)),
+            _seconds(r.admission_quantile(0.99)),
+            f"{r.queue_mean:.0f}/{r.queue_max}",
+            _seconds(r.session_quantile(0.5)),
+            f"{r.turns_per_second:.2f}",
+            f"{r.output_tokens_per_second:.0f}",
+            f"{r.turns_on_target / r.turns:.1%}" if r.turns else "-",
+            f"{r.sessions_failed} ({r.failed_share:.1%})",
+            f"{r.prefill_utilisation:.0%}",
+            _seconds(r.end_time),
+        )
+        for r in results
+    ]
+    return _align(headers, rows)
+
+
+def _align(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(str(row[i])) for row in (headers, *rows)) for i in range(len(headers))]
+    lines = []
+    for number, row in enumerate((headers, *rows)):
+        cells = [
+            str(cell).ljust(width) if i == 0 else str(cell).rjust(width)
+            for i, (cell, width) in enumerate(zip(row, widths, strict=True))
+        ]
+        lines.append("  ".join(cells).rstrip())
+        if number == 0:
+            lines.append("  ".join("-" * width for width in widths))
+    return "\n".join(lines)
 
 
 def _tokens(count: int) -> str:
@@ -219,14 +376,4 @@ def format_table(results: Sequence[SimResult]) -> str:
         )
         for r in results
     ]
-    widths = [max(len(str(row[i])) for row in (headers, *rows)) for i in range(len(headers))]
-    lines = []
-    for number, row in enumerate((headers, *rows)):
-        cells = [
-            str(cell).ljust(width) if i == 0 else str(cell).rjust(width)
-            for i, (cell, width) in enumerate(zip(row, widths, strict=True))
-        ]
-        lines.append("  ".join(cells).rstrip())
-        if number == 0:
-            lines.append("  ".join("-" * width for width in widths))
-    return "\n".join(lines)
+    return _align(headers, rows)

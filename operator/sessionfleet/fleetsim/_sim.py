@@ -16,7 +16,7 @@ prefill starts: a turn waiting in a queue does not see evictions made meanwhile.
 from __future__ import annotations
 
 import itertools
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import timedelta
 from functools import partial
@@ -54,6 +54,7 @@ from sessionfleet.fleetsim._results import (
     DrainRecord,
     FailureRecord,
     SimResult,
+    ttft_bucket,
 )
 from sessionfleet.fleetsim._state import Live, Worker
 from sessionfleet.fleetsim._strategies import STRATEGIES, Operator, Strategy
@@ -126,6 +127,17 @@ class Simulation:
         self._overhead = cost.prefill_overhead_seconds
         self._tpot = cost.decode_seconds_per_token
         self._block = config.block_size
+        # Gateway flow control (FleetConfig.admission_cap): sessions holding a slot, and
+        # the sessions waiting for one, first come first served.
+        self._cap = config.admission_cap
+        self._admitted = 0
+        self._queue: deque[Live] = deque()
+        self._queue_since = 0.0
+        self._timeout = config.client_timeout_seconds or inf
+        self._warmup = config.warmup_seconds
+        self._until = config.measure_until_seconds
+        self.result.workers = config.workers
+        self.result.window_start = self._warmup
         for disruption in disruptions:
             if not 0 <= disruption.worker < config.workers:
                 raise ValueError(f"{disruption}: no worker {disruption.worker}")
@@ -153,7 +165,9 @@ class Simulation:
                 item(now)  # type: ignore[operator]
         if self._progress is not None:
             self._progress(self.result.sessions, self._expected)
-        return self.result
+        result = self.result
+        result.window_end = min(self._until, result.end_time)
+        return result
 
     def _schedule(self, when: float, item: Live | Callable[[float], None]) -> None:
         heappush(self._heap, (when, next(self._seq), item))
@@ -171,6 +185,7 @@ class Simulation:
             live = self._new_live(session, block)
             start = session.arrival if session.arrival > now else now
             live.ready_at = start
+            live.arrived = start
             self._schedule(start, live)
             if session.parent_id is None:
                 if session.arrival < self._last_root_arrival:
@@ -204,6 +219,7 @@ class Simulation:
             live.parent_tokens = max(0, shared_with_parent - live.shared)
             live.expect = shared_with_parent
             live.ready_at = when
+            live.arrived = when
             self._schedule(when, live)
         parent.children = waiting
         parent.next_child_turn = min((c.spawn_after_turn for c in waiting), default=0)
@@ -225,6 +241,16 @@ class Simulation:
             return
         if live is self._lookahead:
             self._admit(now)
+        sent = live.ready_at
+        if now - sent > self._timeout:
+            self._abandon(now, live)
+            return
+        if k == 0 and not live.admitted:
+            if self._cap and self._admitted >= self._cap:
+                self._enqueue(now, live)
+                return
+            live.admitted = True
+            self._admitted += 1
         worker = self.strategy.route(self, live, now)
         if worker is None:
             result.retried_turns += 1
@@ -234,6 +260,22 @@ class Simulation:
             self._schedule(now + min(wait, config.retry_max_seconds), live)
             return
         live.retries = 0
+        measured = self._warmup <= now < self._until
+        free_at = worker.free_at
+        if (free_at if free_at > now else now) - sent > self._timeout:
+            # The client gives up before the prefill starts: the engine drops the request.
+            self._abandon(now, live)
+            return
+        if k == 0:
+            # The wait for admission (the gateway's queue, retries for room) is reported
+            # apart; the first turn's time to first token counts from its placement.
+            waited = now - sent
+            live.ready_at = now
+            if measured:
+                result.admitted += 1
+                result.admission_histogram[ttft_bucket(waited)] += 1
+                if waited > result.admission_max:
+                    result.admission_max = waited
         if worker is not live.worker:
             self._bind(live, worker)
 
@@ -256,39 +298,42 @@ class Simulation:
             else:
                 hit = worker.cache.access(live.key, live.group, live.shared, prompt)
 
-        result.turns += 1
-        result.input_tokens += prompt
-        result.cached_tokens += hit
-        if expect > hit:
-            recomputed = expect - hit
-            result.recomputed_tokens += recomputed
-            if recomputed + recomputed > expect:
-                live.lost = True
+        if expect > hit and (expect - hit) * 2 > expect:
+            live.lost = True
 
         # Prefill waits for the worker's queue; decoding follows it.
-        free_at = worker.free_at
-        finish = (
-            (free_at if free_at > now else now) + self._overhead + (prompt - hit) * self._per_token
-        )
+        busy = self._overhead + (prompt - hit) * self._per_token
+        finish = (free_at if free_at > now else now) + busy
         worker.free_at = finish
         ttft = finish - live.ready_at
         output = session.output_tokens[k]
         end = finish + output * self._tpot
-        result.output_tokens += output
-        result.ttft_sum += ttft
-        if ttft > result.ttft_max:
-            result.ttft_max = ttft
-        # ttft_bucket(), inlined: this runs once per turn.
-        bucket = int(_log(ttft * _TTFT_INVERSE_MIN) * _TTFT_SCALE) + 1 if ttft > _TTFT_MIN else 0
-        result.ttft_histogram[bucket if bucket < _TTFT_BUCKETS else _TTFT_BUCKETS - 1] += 1
-        bin_index = int(now * self._bin_scale)
-        bin_input = result.bin_input
-        if bin_index >= len(bin_input):
-            self._grow_bins(bin_index)
-        bin_input[bin_index] += prompt
-        result.bin_cached[bin_index] += hit
-        result.bin_ttft[bin_index] += ttft
-        result.bin_turns[bin_index] += 1
+        if measured:
+            result.turns += 1
+            result.input_tokens += prompt
+            result.cached_tokens += hit
+            if expect > hit:
+                result.recomputed_tokens += expect - hit
+            result.prefill_busy += busy
+            result.output_tokens += output
+            result.ttft_sum += ttft
+            if ttft > result.ttft_max:
+                result.ttft_max = ttft
+            if ttft <= self.config.ttft_target_seconds:
+                result.turns_on_target += 1
+            # ttft_bucket(), inlined: this runs once per turn.
+            bucket = (
+                int(_log(ttft * _TTFT_INVERSE_MIN) * _TTFT_SCALE) + 1 if ttft > _TTFT_MIN else 0
+            )
+            result.ttft_histogram[bucket if bucket < _TTFT_BUCKETS else _TTFT_BUCKETS - 1] += 1
+            bin_index = int(now * self._bin_scale)
+            bin_input = result.bin_input
+            if bin_index >= len(bin_input):
+                self._grow_bins(bin_index)
+            bin_input[bin_index] += prompt
+            result.bin_cached[bin_index] += hit
+            result.bin_ttft[bin_index] += ttft
+            result.bin_turns[bin_index] += 1
 
         inflight = worker.inflight
         if inflight and inflight[0][0] <= now:
@@ -303,9 +348,54 @@ class Simulation:
         live.busy_until = end
         if live.next_child_turn == k:
             self._spawn(live, end)
+        if ttft > self._timeout:
+            # The engine did the work, but the client had given up before the first token.
+            self._abandon(end, live)
+            return
         ready = end + session.pauses[k - 1] if k < live.turns else end
         live.ready_at = ready
         heappush(self._heap, (ready, next(self._seq), live))
+
+    # --- gateway flow control and client timeouts ------------------------------------
+
+    def _enqueue(self, now: float, live: Live) -> None:
+        """Hold a new session at the gateway until an admission slot frees."""
+        self._queue_length_changes(now)
+        self._queue.append(live)
+        result = self.result
+        if len(self._queue) > result.queue_max:
+            result.queue_max = len(self._queue)
+
+    def _queue_length_changes(self, now: float) -> None:
+        self.result.queue_area += len(self._queue) * (now - self._queue_since)
+        self._queue_since = now
+
+    def _release(self, now: float, live: Live) -> None:
+        """Free the session's admission slot and let the next waiting session in."""
+        if not live.admitted:
+            return
+        live.admitted = False
+        self._admitted -= 1
+        if self._queue:
+            # The slot passes straight to the session at the head of the queue.
+            self._queue_length_changes(now)
+            waiting = self._queue.popleft()
+            waiting.admitted = True
+            self._admitted += 1
+            self._schedule(now, waiting)
+
+    def _abandon(self, now: float, live: Live) -> None:
+        """End a session whose client gave up: failed, with its sub-agents not yet started."""
+        if live.worker is not None:
+            self._unbind(live)
+        self._release(now, live)
+        self._live_by_id.pop(live.session.session_id, None)
+        self._active -= 1
+        result = self.result
+        result.sessions_failed += 1 + len(live.children)
+        live.children = []
+        if now > result.end_time:
+            result.end_time = now
 
     def _grow_bins(self, index: int) -> None:
         result = self.result
@@ -322,10 +412,14 @@ class Simulation:
             self._unbind(live)
         if live.children:
             self._spawn(live, now)
+        self._release(now, live)
         self._live_by_id.pop(live.session.session_id, None)
         self._active -= 1
         result = self.result
         result.sessions += 1
+        if self._warmup <= live.arrived < self._until:
+            result.completed_measured += 1
+            result.session_seconds_histogram[ttft_bucket(now - live.arrived)] += 1
         if live.lost:
             result.sessions_lost_cache += 1
         if now > result.end_time:

@@ -83,6 +83,8 @@ class Live:
     """A session in progress: which turn is next, its context, its binding."""
 
     __slots__ = (
+        "admitted",
+        "arrived",
         "children",
         "expect",
         "group",
@@ -131,6 +133,10 @@ class Live:
         self.ready_at = session.arrival
         """When the pending turn was sent: time to first token counts from here."""
         self.lost = False
+        self.admitted = False
+        """The session holds one of the gateway's admission slots (``admission_cap``)."""
+        self.arrived = session.arrival
+        """When the session's first turn was sent: its completion time counts from here."""
         self.retries = 0
         """Consecutive tries of the pending turn that found no worker."""
         self.route_generation = -1

@@ -14,6 +14,7 @@ goes at once, its cache with it, and its sessions' next turns go elsewhere.
 
 from __future__ import annotations
 
+import random
 from typing import ClassVar, Protocol
 
 from sessionfleet.fleetsim._config import FleetConfig
@@ -165,6 +166,69 @@ class GatedAffinity(Strategy):
         return best if move < stay else bound
 
 
+class LlmdScheduler(Strategy):
+    """What llm-d's inference scheduler does with its default scorers, per request.
+
+    Filter, score, pick (llm-d's Request Scheduler): every serving worker is scored by
+    a weighted sum and the highest wins —
+
+    - prefix-cache scorer (weight 3): the share of the prompt the worker holds in its
+      prefix cache (the precise scorer, which follows the engines' KV events, so the
+      simulator reads the worker's cache itself);
+    - queue scorer (weight 2): ``(max - q) / (max - min)`` of the workers' queues, 1
+      when all are equal; the queue is the prefill backlog in seconds;
+    - session-affinity scorer (weight 1): 1 for the worker that served the session's
+      last turn, while that binding is younger than ``session_ttl_seconds``.
+
+    A saturation signal stands in for GAIE's saturation detector: when every worker's
+    backlog passes ``saturation_seconds`` the request is not placed and waits (it is
+    retried, as flow control would release it). No drain hold, no recovery.
+    """
+
+    name = "llm-d"
+    description = "llm-d-style scoring: prefix cache (3) + queue (2) + session (1), TTL, saturation"
+    prefix_weight: ClassVar[float] = 3.0
+    queue_weight: ClassVar[float] = 2.0
+    session_weight: ClassVar[float] = 1.0
+
+    def __init__(self) -> None:
+        self._rng = random.Random(0)
+
+    def route(self, fleet: FleetView, live: Live, now: float) -> Worker | None:
+        """Return the best-scoring serving worker, or ``None`` when all are saturated."""
+        up = fleet.up_workers
+        if not up:
+            return None
+        config = fleet.config
+        backlogs = [w.backlog(now) for w in up]
+        low, high = min(backlogs), max(backlogs)
+        if low > config.saturation_seconds:
+            return None
+        session = live.session
+        prompt = live.prompt + (session.new_tokens[live.turn] if live.turn < live.turns else 0)
+        bound = live.worker
+        if bound is not None and now - live.busy_until > config.session_ttl_seconds:
+            bound = None
+        spread = high - low
+        best: Worker | None = None
+        best_score = -1.0
+        # Ties go to a random one of the best, as the max-score picker shuffles the
+        # endpoints before it picks (seeded: runs are reproducible).
+        count = len(up)
+        first = self._rng.randrange(count)
+        for index in range(first, first + count):
+            worker = up[index % count]
+            backlog = backlogs[index % count]
+            cached = worker.cache.lookup(live.key, live.group, live.shared, prompt)
+            score = self.prefix_weight * (cached / prompt if prompt else 0.0)
+            score += self.queue_weight * ((high - backlog) / spread if spread else 1.0)
+            if worker is bound:
+                score += self.session_weight
+            if score > best_score:
+                best, best_score = worker, score
+        return best
+
+
 class Operator(Strategy):
     """sessionfleet: the shared placement function, then hard affinity.
 
@@ -218,6 +282,7 @@ class Operator(Strategy):
 
 
 STRATEGIES: dict[str, type[Strategy]] = {
-    cls.name: cls for cls in (RoundRobin, LeastLoaded, HardAffinity, GatedAffinity, Operator)
+    cls.name: cls
+    for cls in (RoundRobin, LeastLoaded, HardAffinity, GatedAffinity, LlmdScheduler, Operator)
 }
 """Every strategy by name, in the order tables show them."""

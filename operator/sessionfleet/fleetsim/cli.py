@@ -27,7 +27,7 @@ from sessionfleet.fleetsim._config import (
     FleetConfig,
     OperatorSettings,
 )
-from sessionfleet.fleetsim._results import SimResult, format_table
+from sessionfleet.fleetsim._results import SimResult, format_fair_table, format_table
 from sessionfleet.fleetsim._sim import Simulation, make_strategy
 from sessionfleet.fleetsim._strategies import STRATEGIES
 from sessionfleet.workload import (
@@ -40,6 +40,7 @@ from sessionfleet.workload import (
 
 WORKLOADS = ("agentic", "published")
 _FLEET = FleetConfig()
+_HALVINGS = 7
 _COST = CostModel()
 
 
@@ -75,6 +76,20 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     )
     work.add_argument(
         "--rate", type=positive_float, default=0.5, help="new sessions per second (Poisson)"
+    )
+    work.add_argument(
+        "--replay",
+        nargs="+",
+        metavar="PATH",
+        help="replay a block-hash trace instead: Claude Code JSON files (or a folder of "
+        "them; conversations start at --rate per second) or one Mooncake JSONL file; "
+        "prints each strategy's hit rate next to the trace's own",
+    )
+    work.add_argument(
+        "--time-scale",
+        type=positive_float,
+        default=1.0,
+        help="with --replay: multiply the trace's times (0.5: twice as fast)",
     )
     work.add_argument(
         "--trace",
@@ -121,6 +136,48 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
         type=_duration,
         default=_FLEET.restart_seconds,
         help="seconds (or a duration such as 2m) for a new pod to become Ready",
+    )
+
+    fair = parser.add_argument_group(
+        "fair comparison (the same gateway in front of every strategy; docs/simulator.md)"
+    )
+    fair.add_argument(
+        "--admission-cap",
+        type=int,
+        default=0,
+        help="gateway flow control: at most this many live sessions; new ones queue FIFO (0: none)",
+    )
+    fair.add_argument(
+        "--client-timeout",
+        type=_duration,
+        default=0.0,
+        help="a client gives up on a turn without a first token after this long (admission "
+        "wait included) and its session fails (0: never)",
+    )
+    fair.add_argument(
+        "--ttft-target",
+        type=positive_float,
+        default=_FLEET.ttft_target_seconds,
+        help="time to first token that counts as goodput (and that --sweep must hold at p99)",
+    )
+    fair.add_argument(
+        "--steady",
+        action="store_true",
+        help="measure only the steady state: skip the first --warmup of arrivals and stop "
+        "measuring when arrivals stop; prints the steady-state table",
+    )
+    fair.add_argument(
+        "--warmup",
+        type=float,
+        default=0.2,
+        help="with --steady: the share of the arrival span not measured",
+    )
+    fair.add_argument(
+        "--sweep",
+        metavar="LOW:HIGH",
+        help="find, per strategy, the highest --rate in LOW:HIGH whose steady state keeps "
+        "p99 TTFT and p99 admission wait within --ttft-target with under 1%% of sessions "
+        "failed (bisection: LOW, then 7 halvings)",
     )
 
     runs = parser.add_argument_group("strategies")
@@ -264,6 +321,8 @@ def _disruption(node_allowed: bool) -> Callable[[str], tuple[float, int, bool]]:
 
 def run(args: argparse.Namespace) -> int:
     """Run the comparison the arguments describe; return the exit status."""
+    if args.replay:
+        return _replay(args)
     try:
         plan = _plan(args)
     except (ValueError, ValidationError, OSError, TraceFormatError) as exc:
@@ -283,6 +342,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"  {what} of {fleet.worker_name(disruption.worker)} at {disruption.at:.0f}s")
     print()
 
+    if args.sweep:
+        return _sweep(args, operator_runs)
     show_progress = sys.stderr.isatty() if args.progress is None else args.progress
     results: list[SimResult] = []
     started = time.perf_counter()
@@ -306,6 +367,14 @@ def run(args: argparse.Namespace) -> int:
     elapsed = time.perf_counter() - started
 
     print(format_table(results))
+    if args.steady or args.admission_cap or args.client_timeout:
+        print(
+            f"\nsteady state: turns sent in [{fleet.warmup_seconds:.0f}s, "
+            f"{fleet.measure_until_seconds:.0f}s); admission cap "
+            f"{args.admission_cap or 'none'}, client timeout "
+            f"{f'{args.client_timeout:g}s' if args.client_timeout else 'none'}\n"
+        )
+        print(format_fair_table(results, fleet.ttft_target_seconds))
     turns = results[0].turns if results else 0
     print(
         f"\n{turns:,} turns per strategy; {len(results)} run(s) in {elapsed:.1f}s. "
@@ -330,6 +399,121 @@ def run(args: argparse.Namespace) -> int:
             return 2
         print(f"wrote {args.plot}")
     return 0
+
+
+def _sweep(args: argparse.Namespace, operator_runs: list[OperatorSettings]) -> int:
+    """Bisect, per strategy, for the highest sustained rate; print one row each."""
+    try:
+        low, high = (float(part) for part in args.sweep.split(":"))
+    except ValueError:
+        print(f"sessionfleet simulate: --sweep wants LOW:HIGH, got {args.sweep!r}", file=sys.stderr)
+        return 2
+    if not 0 < low < high:
+        print("sessionfleet simulate: --sweep wants 0 < LOW < HIGH", file=sys.stderr)
+        return 2
+    target = args.ttft_target
+    print(
+        f"sweep: {args.sessions:,} {args.workload} sessions per run, {args.workers} workers, "
+        f"admission cap {args.admission_cap or 'none'}, client timeout "
+        f"{args.client_timeout or 'none'}; sustained = p99 TTFT and p99 admission wait "
+        f"<= {target:g}s, < 1% failed, steady state only\n"
+    )
+    rows: list[tuple[str, float | None, SimResult | None]] = []
+    for name in args.strategies:
+        for settings in operator_runs if name == "operator" else [None]:
+            label = make_strategy(name, settings).label
+            result = _run_at(args, name, settings, low)
+            if not _sustains(result, target):
+                rows.append((label, None, None))
+                continue
+            best: float = low
+            at_best: SimResult = result
+            lo, hi = low, high
+            for _ in range(_HALVINGS):
+                rate = (lo + hi) / 2
+                result = _run_at(args, name, settings, rate)
+                if _sustains(result, target):
+                    best, at_best, lo = rate, result, rate
+                else:
+                    hi = rate
+            rows.append((label, best, at_best))
+    print(
+        f"{'strategy':<44} {'sustained rate':>15} {'hit rate':>9} {'TTFT p99':>9} {'admit p99':>10}"
+    )
+    for label, sustained, at in rows:
+        if sustained is None or at is None:
+            print(f"{label:<44} {'< ' + format(low, 'g') + '/s':>15}")
+            continue
+        print(
+            f"{label:<44} {sustained:>13.3f}/s {at.hit_rate:>9.1%} "
+            f"{at.ttft_quantile(0.99):>8.2f}s {at.admission_quantile(0.99):>9.2f}s"
+        )
+    return 0
+
+
+def _replay(args: argparse.Namespace) -> int:
+    """Replay a block-hash trace with each strategy that has a replay router."""
+    from sessionfleet.fleetsim._replay import REPLAY_STRATEGIES, replay
+    from sessionfleet.fleetsim._traces import load_trace
+
+    try:
+        trace = load_trace(args.replay, rate=args.rate, seed=args.seed, time_scale=args.time_scale)
+    except (ValueError, OSError, TraceFormatError) as exc:
+        print(f"sessionfleet simulate: {_first_line(exc)}", file=sys.stderr)
+        return 2
+    fleet = FleetConfig(
+        workers=args.workers,
+        kv_tokens=args.kv_tokens,
+        cost=CostModel(
+            prefill_seconds_per_token=1 / args.prefill_tokens_per_second,
+            decode_seconds_per_token=args.decode_ms_per_token / 1000,
+        ),
+    )
+    print(
+        f"replay: {len(trace.requests):,} requests of {trace.sessions} sessions from "
+        f"{trace.source}, {trace.block_size}-token blocks; {fleet.workers} workers, "
+        f"{fleet.kv_tokens:,} KV tokens each\n"
+    )
+    print(f"{'strategy':<14} {'hit rate':>9} {'TTFT p50':>9} {'TTFT p99':>9} {'TTFT max':>9}")
+    chosen = [name for name in args.strategies if name in REPLAY_STRATEGIES]
+    documents = []
+    for name in chosen or REPLAY_STRATEGIES:
+        result = replay(trace, name, fleet)
+        print(
+            f"{name:<14} {result.hit_rate:>9.1%} {result.ttft_quantile(0.5):>8.2f}s "
+            f"{result.ttft_quantile(0.99):>8.2f}s {result.ttft_max:>8.2f}s"
+        )
+        documents.append({"strategy": name, "hit_rate": round(result.hit_rate, 5)})
+    recorded = trace.recorded_hit_rate()
+    print(f"{'(recorded)':<14} {recorded:>9.1%}   blocks seen before anywhere in the trace")
+    if args.json:
+        text = json.dumps({"recorded_hit_rate": round(recorded, 5), "results": documents})
+        if args.json == "-":
+            print(text)
+        else:
+            Path(args.json).write_text(text + "\n")
+    return 0
+
+
+def _sustains(result: SimResult, target: float) -> bool:
+    """Whether a steady-state run held the TTFT target (the sweep's criterion)."""
+    return (
+        result.turns > 0
+        and result.ttft_quantile(0.99) <= target
+        and result.admission_quantile(0.99) <= target
+        and result.failed_share < 0.01
+    )
+
+
+def _run_at(
+    args: argparse.Namespace, name: str, settings: OperatorSettings | None, rate: float
+) -> SimResult:
+    """Run one strategy at one rate, steady state, as the arguments say otherwise."""
+    sweep_args = argparse.Namespace(**vars(args))
+    sweep_args.rate = rate
+    factory, _, _, fleet, _, _ = _plan(sweep_args)
+    # No drains or failures: the sweep measures the capacity of a healthy fleet.
+    return Simulation(factory(), make_strategy(name, settings), fleet, settings).run()
 
 
 def _first_line(exc: BaseException) -> str:
@@ -381,7 +565,16 @@ def _plan(
         prefill_seconds_per_token=1 / args.prefill_tokens_per_second,
         decode_seconds_per_token=args.decode_ms_per_token / 1000,
     )
+    steady = {}
+    if args.steady or args.sweep:
+        if not 0 <= args.warmup < 1:
+            raise ValueError("--warmup is a share of the arrival span, from 0 to below 1")
+        steady = {"warmup_seconds": span * args.warmup, "measure_until_seconds": span}
     fleet = FleetConfig(
+        admission_cap=args.admission_cap,
+        client_timeout_seconds=args.client_timeout,
+        ttft_target_seconds=args.ttft_target,
+        **steady,
         workers=args.workers,
         kv_tokens=args.kv_tokens,
         block_size=args.block_size,
