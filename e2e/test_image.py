@@ -137,6 +137,25 @@ class FromImage:
                 self.process.wait(timeout=10)
         subprocess.run(["buildah", "rm", self.container], capture_output=True, check=False)
 
+    def uids(self) -> set[str]:
+        """The real UIDs of the ``sessionfleet`` processes in its process group.
+
+        buildah itself runs as root; the entrypoint it starts must not.
+        """
+        found = set()
+        for proc in Path("/proc").iterdir():
+            try:
+                stat = (proc / "stat").read_text()
+                status = (proc / "status").read_text()
+            except (OSError, ValueError):
+                continue
+            comm_end = stat.rindex(")")
+            pgid = int(stat[comm_end + 2 :].split()[2])
+            if pgid == self.process.pid and stat[: comm_end + 1].endswith("(sessionfleet)"):
+                uid_line = next(line for line in status.splitlines() if line.startswith("Uid:"))
+                found.add(uid_line.split()[1])
+        return found
+
     def log_tail(self, lines: int = 40) -> str:
         text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
         return "\n".join(text.splitlines()[-lines:])
@@ -229,6 +248,8 @@ def test_the_image_runs_the_operator_and_the_router_as_the_chart_does(
         except AssertionError as error:
             raise AssertionError(fail(str(error))) from None
 
+        # Both run as the chart's user, not as root.
+        assert operator.uids() == {"65532"} and router.uids() == {"65532"}
         answer = httpx.post(
             f"{url}/v1/chat/completions",
             json={
