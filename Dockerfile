@@ -23,10 +23,13 @@ COPY operator ./operator
 COPY controllers ./controllers
 # The epp extra (grpcio, the Envoy ext_proc messages, the gRPC health service) is
 # installed so the chart's epp.enabled runs from this image; the import fails the build
-# without it.
+# without it. pip and setuptools are needed only to install: removed, they take ~30 MB
+# (with their bytecode) out of every node's pull.
 RUN /opt/sessionfleet/bin/pip install --no-cache-dir ".[epp]" \
     && /opt/sessionfleet/bin/sessionfleet version \
-    && /opt/sessionfleet/bin/python -c "import sessionfleet.epp.server"
+    && /opt/sessionfleet/bin/python -c "import sessionfleet.epp.server" \
+    && /opt/sessionfleet/bin/pip uninstall --yes --quiet pip setuptools \
+    && /opt/sessionfleet/bin/sessionfleet version
 
 FROM ${PYTHON_IMAGE}
 ARG VERSION=0.1.0

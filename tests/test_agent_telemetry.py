@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
@@ -116,7 +117,19 @@ def test_a_process_gpus_in_gpu_order() -> None:
     assert gpus_of(SNAPSHOT, 1) == []
 
 
-def test_this_machine_has_no_nvml_and_says_so_once(caplog: pytest.LogCaptureFixture) -> None:
+class AbsentNvml:
+    """Stands in for ``pynvml`` on a node without the NVIDIA driver."""
+
+    @staticmethod
+    def nvmlInit() -> None:
+        raise RuntimeError("NVML Shared Library Not Found")
+
+
+def test_a_node_without_nvml_says_so_once(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Whether this machine has a GPU must not decide the result.
+    monkeypatch.setitem(sys.modules, "pynvml", AbsentNvml)
     now = [0.0]
     sampler = NvmlSampler(retry_seconds=60, clock=lambda: now[0])
     with caplog.at_level(logging.INFO, logger="sessionfleet.agent.telemetry"):

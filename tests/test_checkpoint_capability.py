@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import stat
+import sys
 from pathlib import Path
 
 import pytest
@@ -163,14 +164,71 @@ def test_every_reason_is_listed_together() -> None:
     assert capability.to_json()["reasons"] == list(capability.reasons)
 
 
-def test_this_machine_has_no_driver_and_no_criu() -> None:
-    # The development machines have neither a GPU nor CRIU: the probe must say so.
-    capability = assess(probe())
+class AbsentNvml:
+    """Stands in for ``pynvml`` on a node without the NVIDIA driver."""
+
+    @staticmethod
+    def nvmlInit() -> None:
+        raise RuntimeError("NVML Shared Library Not Found")
+
+
+@pytest.fixture
+def bare_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A node the test controls: no NVML, an empty PATH folder; returns that folder.
+
+    Whatever this machine has installed (a GPU, Debian's criu) must not decide the result.
+    """
+    monkeypatch.setitem(sys.modules, "pynvml", AbsentNvml)
+    path = tmp_path / "bin"
+    path.mkdir()
+    monkeypatch.setenv("PATH", str(path))
+    return path
+
+
+def bare_probe(tmp_path: Path) -> Probe:
+    return probe(
+        libcuda=str(tmp_path / "libcuda.so.1"),
+        driver_version_file=tmp_path / "no-driver-version",
+    )
+
+
+def test_a_node_without_driver_and_criu_says_so(tmp_path: Path, bare_node: Path) -> None:
+    capability = assess(bare_probe(tmp_path))
     assert not capability.ok
     assert any(r.startswith("no NVIDIA driver") for r in capability.reasons)
     assert any(r.startswith("criu is not installed") for r in capability.reasons)
-    version, note = read_driver_version()
-    assert version is None and "NVML" in note and "/proc/driver/nvidia/version" in note
+    version, note = read_driver_version(tmp_path / "no-driver-version")
+    assert version is None and "NVML" in note and "no-driver-version" in note
+
+
+VDSO = "Error (criu/vdso.c:281): vdso: Unexpected rt vDSO area bounds"
+
+
+@pytest.mark.parametrize(
+    ("version", "reasons"),
+    [
+        pytest.param("4.1", [f"criu check failed (exit 1): {VDSO}"], id="new criu"),
+        pytest.param(
+            "3.17",
+            [
+                "criu 3.17 is older than 4.0, the first with the CUDA plugin",
+                f"criu check failed (exit 1): {VDSO}",
+            ],
+            id="Debian's criu 3.17",
+        ),
+    ],
+)
+def test_a_criu_whose_check_fails_says_so(
+    tmp_path: Path, bare_node: Path, version: str, reasons: list[str]
+) -> None:
+    # Debian 12's criu 3.17 (pulled in by runc) fails `criu check` on some kernels.
+    write_criu(bare_node, version, 1, check_output=VDSO)
+    observed = bare_probe(tmp_path)
+    assert observed.criu_check == (1, VDSO + "\n")
+    capability = assess(observed)
+    assert not capability.ok
+    assert [r for r in capability.reasons if r.startswith("criu")] == reasons
+    assert capability.to_json()["facts"]["criuCheck"] == VDSO
 
 
 def test_the_driver_version_file_is_read_when_nvml_is_absent(tmp_path: Path) -> None:
@@ -187,12 +245,14 @@ def test_effective_capabilities_are_read_from_proc_status(tmp_path: Path) -> Non
     assert read_cap_eff() is not None  # this process's own
 
 
-def write_criu(folder: Path, version: str, check_status: int) -> None:
+def write_criu(
+    folder: Path, version: str, check_status: int, check_output: str = "Looks good."
+) -> None:
     script = folder / "criu"
     script.write_text(
         "#!/bin/sh\n"
         f'if [ "$1" = --version ]; then echo "Version: {version}"; exit 0; fi\n'
-        f'if [ "$1" = check ]; then echo "Looks good."; exit {check_status}; fi\n'
+        f'if [ "$1" = check ]; then echo "{check_output}"; exit {check_status}; fi\n'
         "exit 2\n"
     )
     script.chmod(script.stat().st_mode | stat.S_IXUSR)

@@ -242,9 +242,14 @@ def _run(argv: list[str], timeout: float) -> tuple[int, str]:
     return done.returncode, (done.stdout + done.stderr)
 
 
-def probe(criu: str = "criu", libcuda: str = LIBCUDA, timeout: float = 30.0) -> Probe:
+def probe(
+    criu: str = "criu",
+    libcuda: str = LIBCUDA,
+    timeout: float = 30.0,
+    driver_version_file: Path = NVIDIA_VERSION_FILE,
+) -> Probe:
     """Observe this node; blocking (runs ``criu`` and loads ``libcuda``)."""
-    driver_version, driver_note = read_driver_version()
+    driver_version, driver_note = read_driver_version(driver_version_file)
     try:
         load_library(libcuda)
         libcuda_error = None
