@@ -16,16 +16,18 @@ from collections.abc import Iterator
 import pytest
 from router_fakes import FakeKube
 
-from sessionfleet.router.collector import freeze_startup_heap
+from sessionfleet.router.collector import YOUNG_COLLECTION_THRESHOLD, freeze_startup_heap
 from sessionfleet.router.server import RouterSettings, serve
 
 
 @pytest.fixture
 def unfrozen() -> Iterator[None]:
-    """Start and end with nothing frozen: the test process's heap is the test's own."""
+    """Start and end with nothing frozen and the default thresholds: the process's own."""
+    thresholds = gc.get_threshold()
     gc.unfreeze()
     yield
     gc.unfreeze()
+    gc.set_threshold(*thresholds)
 
 
 def test_objects_alive_at_the_freeze_leave_the_collected_generations(unfrozen: None) -> None:
@@ -56,7 +58,9 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-async def test_a_serving_router_has_frozen_its_start_up_heap(unfrozen: None) -> None:
+async def test_a_serving_router_has_frozen_its_start_up_heap_and_collects_less_often(
+    unfrozen: None,
+) -> None:
     assert gc.get_freeze_count() == 0
     port = _free_port()
     settings = RouterSettings(namespace="default", replica="gc", flush_tick=3600)
@@ -73,6 +77,7 @@ async def test_a_serving_router_has_frozen_its_start_up_heap(unfrozen: None) -> 
         else:
             pytest.fail("the router did not listen")
         assert gc.get_freeze_count() > 0
+        assert gc.get_threshold()[0] == YOUNG_COLLECTION_THRESHOLD
     finally:
         serving.cancel()
         with pytest.raises(asyncio.CancelledError):
