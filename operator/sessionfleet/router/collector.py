@@ -26,8 +26,9 @@ YOUNG_COLLECTION_THRESHOLD: Final = 7000
 CPython's default is 700: a proxy that allocates a few hundred short-lived containers
 per turn then collects its young generation every turn or two, mostly for nothing (the
 objects die by reference counting). Ten times that cut the router's CPU per small turn
-by 7% in two runs of the bench (bench/README.md, "Router: the tail"); a young collection
-stays well under a millisecond.
+by 7% in two runs of the bench against the freeze alone; a later run against the code
+before both changes did not separate them (bench/README.md, "Router: the tail"). A
+young collection stays well under a millisecond.
 """
 
 
