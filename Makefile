@@ -183,6 +183,15 @@ BENCH_HEADS_ARGS ?=
 bench-router-heads: $(STAMP)
 	$(PY) bench/router/heads.py --out build/bench-router-heads.json $(BENCH_HEADS_ARGS)
 
+# The router driven by kubernetes-sigs' inference-perf (bench/README.md, "Router under
+# inference-perf"), direct and routed in one run; installs the tool (Python >= 3.12) into
+# ~/.cache/sessionfleet/loadtool/ with bench/loadtool/install.sh (PYTHON picks it).
+.PHONY: bench-router-inference-perf
+BENCH_LOADTOOL_ARGS ?= --tool-rate 100 --duration 10 --repeat 3
+bench-router-inference-perf: e2e-tools $(STAMP)
+	$(PY) bench/router/run.py --load-tool inference-perf --out build/bench-router-inference-perf.json \
+		$(BENCH_LOADTOOL_ARGS)
+
 # The router's fuzz suite at scale (bench/README.md, "Fuzzing"): 100,000 random cases of
 # raw bytes, hostile headers and mutated bodies; make test runs 5,000 fixed ones.
 #   make bench-fuzz FUZZ_EXAMPLES=300000

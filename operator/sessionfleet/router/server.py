@@ -32,6 +32,7 @@ from sessionfleet.fronts.ledger import UsageLedger
 from sessionfleet.fronts.metrics import RouterMetrics
 from sessionfleet.kube import Kube
 from sessionfleet.resources.leases import LeaseSlots
+from sessionfleet.router.collector import tune_collector
 from sessionfleet.router.heads import HeadGuard, bounded_handler, head_limit
 from sessionfleet.router.paths import SERVED_POSTS, only_served_paths
 from sessionfleet.router.proxy import Proxy, RouterConfig
@@ -318,6 +319,9 @@ async def serve(kube: Kube, settings: RouterSettings, host: str, port: int) -> i
     limit = _ConnectionLimit(
         runner.server, settings.max_connections, settings.config.retry_after, router.heads
     )
+    # Everything loaded so far lives as long as the process: out of the collector's way.
+    frozen = tune_collector()
+    logger.debug("froze %d start-up objects out of the garbage collector's walks", frozen)
     listener = await loop.create_server(limit, host, port, reuse_address=True, backlog=1024)
     logger.info(
         "router %s serving on http://%s:%d (namespace %s)",
