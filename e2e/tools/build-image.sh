@@ -33,7 +33,11 @@ need() {
         exit 1
     fi
     log "installing ${missing[*]} with apt"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >&2
+    # A fresh machine may have no package lists yet: fetch them once if the install fails.
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >&2 || {
+        apt-get update -q >&2
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >&2
+    }
 }
 
 base() {
