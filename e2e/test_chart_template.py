@@ -1063,6 +1063,7 @@ def test_epp_deployment_service_probes_and_flags() -> None:
         "epp",
         "--host=0.0.0.0",
         "--port=9002",
+        "--health-port=9003",
         "--metrics-port=9090",
         "--namespace=sf",
         "--lease-prefix=rel-sessionfleet-epp",
@@ -1072,9 +1073,12 @@ def test_epp_deployment_service_probes_and_flags() -> None:
         "--final-header=X-Session-Final",
         "--hold-timeout=0",
         "--retry-after=5",
-        "--fallbacks=2",
+        "--fallbacks=0",
         "--request-body-mode=FULL_DUPLEX_STREAMED",
         "--response-body-mode=FULL_DUPLEX_STREAMED",
+        "--mode-probe-seconds=0.1",
+        "--max-body-bytes=8388608",
+        "--max-inflight-body-bytes=201326592",
         "--flush-interval=10",
         "--unobserved-turn-seconds=120",
         "--log-level=INFO",
@@ -1093,6 +1097,12 @@ def test_epp_deployment_service_probes_and_flags() -> None:
         "fallbacks",
         "unobserved_turn_seconds",
         "pool_name",
+        "health_port",
+        "secure_serving",
+        "cert_path",
+        "mode_probe_seconds",
+        "max_body_bytes",
+        "max_inflight_body_bytes",
     ):
         assert getattr(parsed, flag) == getattr(bare, flag), flag
     assert main["env"] == [
@@ -1100,11 +1110,12 @@ def test_epp_deployment_service_probes_and_flags() -> None:
     ]
     assert {p["name"]: p["containerPort"] for p in main["ports"]} == {
         "grpc": 9002,
+        "grpc-health": 9003,
         "metrics": 9090,
     }
-    # gRPC probes on the EPP protocol's health service names.
-    assert main["livenessProbe"]["grpc"] == {"port": 9002, "service": "liveness"}
-    assert main["readinessProbe"]["grpc"] == {"port": 9002, "service": "readiness"}
+    # gRPC probes on the EPP protocol's health service names, on the plaintext port.
+    assert main["livenessProbe"]["grpc"] == {"port": 9003, "service": "liveness"}
+    assert main["readinessProbe"]["grpc"] == {"port": 9003, "service": "readiness"}
     assert_restricted(epp)
     service = by_kind(objects, "Service")["rel-sessionfleet-epp"]
     assert service["metadata"]["namespace"] == "sf"
@@ -1148,6 +1159,32 @@ def test_epp_pool_name_adds_the_flag_and_read_access_to_pools_and_pods() -> None
         ("", "pods", "watch"),
     }
     assert EPP <= rules(role)
+
+
+def test_epp_tls_from_a_secret_or_off() -> None:
+    default = container(by_kind(render(*EPP_ON), "Deployment")["rel-sessionfleet-epp"])
+    assert not [a for a in default["args"] if "secure-serving" in a or "cert-path" in a]
+    objects = render(*EPP_ON, "epp.tls.secretName=epp-tls")
+    epp = by_kind(objects, "Deployment")["rel-sessionfleet-epp"]
+    main = container(epp)
+    assert "--cert-path=/etc/sessionfleet/epp-tls" in main["args"]
+    mounts = {m["name"]: m for m in main["volumeMounts"]}
+    assert mounts["tls"] == {
+        "name": "tls",
+        "mountPath": "/etc/sessionfleet/epp-tls",
+        "readOnly": True,
+    }
+    volumes = {v["name"]: v for v in epp["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["tls"]["secret"] == {"secretName": "epp-tls"}
+    plain = render(*EPP_ON, "epp.tls.enabled=false", "epp.tls.secretName=epp-tls")
+    main = container(by_kind(plain, "Deployment")["rel-sessionfleet-epp"])
+    assert "--no-secure-serving" in main["args"]
+    assert "tls" not in {m["name"] for m in main["volumeMounts"]}
+    # The flags the chart renders parse as the EPP's own.
+    from sessionfleet.cli import build_parser
+
+    parsed = build_parser().parse_args(main["args"])
+    assert parsed.secure_serving is False
 
 
 def test_epp_lives_in_the_namespace_it_serves() -> None:
@@ -1209,7 +1246,7 @@ def test_epp_without_metrics_port_has_no_metrics_port_or_monitor() -> None:
     )
     epp = by_kind(objects, "Deployment")["rel-sessionfleet-epp"]
     assert "--metrics-port=0" in container(epp)["args"]
-    assert [p["name"] for p in container(epp)["ports"]] == ["grpc"]
+    assert [p["name"] for p in container(epp)["ports"]] == ["grpc", "grpc-health"]
     service = by_kind(objects, "Service")["rel-sessionfleet-epp"]
     assert [p["name"] for p in service["spec"]["ports"]] == ["grpc"]
     assert "rel-sessionfleet-epp" not in by_kind(objects, "ServiceMonitor")

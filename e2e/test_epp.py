@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import ssl
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from typing import Any
 import grpc
 import httpx
 import pytest
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
@@ -41,7 +43,17 @@ from e2e.operator import (
     worker_pods,
 )
 from sessionfleet.resources.names import session_object_name
-from tests.epp_client import MODES, Envoy, Turn, Upstream
+from tests.epp_client import (
+    MODES,
+    Envoy,
+    Turn,
+    Upstream,
+    destination_of,
+    immediate_of,
+    request_body,
+    request_headers,
+    tls_channel,
+)
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -117,9 +129,15 @@ def create_pool(api: Any, core: Any, namespace: str, engine_port: int) -> dict[s
 # --- the EPP process --------------------------------------------------------------------
 
 
-def health(port: int, service: str) -> int:
-    """The gRPC health status of one service of the EPP."""
-    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+def health(port: int, service: str, *, tls: bool = True) -> int:
+    """The gRPC health status of one service of the EPP (over TLS, or its plaintext port)."""
+    if tls:
+        certificate = ssl.get_server_certificate(("127.0.0.1", port)).encode()
+        secure = grpc.ssl_channel_credentials(root_certificates=certificate)
+        channel = grpc.secure_channel(f"127.0.0.1:{port}", secure)
+    else:
+        channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    with channel:
         stub = health_pb2_grpc.HealthStub(channel)
         reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=2)
         return int(reply.status)
@@ -132,14 +150,19 @@ def epp(cluster: LocalCluster, namespace: str, tmp_path: Path) -> Iterator[int]:
 
 
 def run_epp(cluster: LocalCluster, namespace: str, tmp_path: Path, *extra: str) -> Iterator[int]:
-    """Run ``sessionfleet epp`` with ``extra`` flags until the test ends; yield its port."""
-    port = free_port()
+    """Run ``sessionfleet epp`` with ``extra`` flags until the test ends; yield its port.
+
+    It serves TLS with the certificate it makes at start (the default); readiness is read
+    from its plaintext health port, as Kubernetes' probes read it.
+    """
+    port, health_port = free_port(), free_port()
     process = Process(
         [
             str(SESSIONFLEET),
             "epp",
             "--host=127.0.0.1",
             f"--port={port}",
+            f"--health-port={health_port}",
             "--metrics-port=0",
             f"--namespace={namespace}",
             f"--kubeconfig={cluster.kubeconfig}",
@@ -155,7 +178,8 @@ def run_epp(cluster: LocalCluster, namespace: str, tmp_path: Path, *extra: str) 
         if process.popen.poll() is not None:
             raise AssertionError(f"the EPP exited:\n{process.log_tail()}")
         try:
-            return health(port, "readiness") == health_pb2.HealthCheckResponse.SERVING
+            ready = health(health_port, "readiness", tls=False)
+            return ready == health_pb2.HealthCheckResponse.SERVING
         except grpc.RpcError:
             return False
 
@@ -283,7 +307,7 @@ async def test_the_epp_routes_places_and_accounts_sessions_in_both_body_modes(
     for service in ("liveness", "readiness", "envoy.service.ext_proc.v3.ExternalProcessor"):
         assert health(epp, service) == serving
 
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{epp}") as channel:
+    async with await tls_channel(epp) as channel:
         envoy = Envoy(channel)
         # A hint naming only dst's endpoint: the new session is placed there.
         agent = Agent(envoy, "agent-1")
@@ -317,11 +341,11 @@ async def test_the_epp_routes_places_and_accounts_sessions_in_both_body_modes(
         empty = await agent.turn("nowhere", subset=[])
         assert empty.immediate is not None and empty.immediate[0] == 503
 
-        # A second new session without a hint: placed by the placement function, with
-        # fallbacks after it (two workers: one more).
+        # A second new session without a hint: placed by the placement function, one
+        # endpoint (no fallbacks by default).
         other = Agent(envoy, "agent-2")
         placed = await other.turn("hello", mode=MODES.BUFFERED)
-        assert sorted(placed.destination) == sorted(where.values())
+        assert len(placed.destination) == 1 and placed.destination[0] in where.values()
         chosen = {v: k for k, v in where.items()}[placed.destination[0]]
         wait_for(
             operator,
@@ -340,6 +364,62 @@ async def test_the_epp_routes_places_and_accounts_sessions_in_both_body_modes(
     status = crs.status("agentsessions", name)
     assert status["promptTokens"] >= 5 * usage["prompt_tokens"] // 2
     assert status["cachedTokens"] > 0
+
+
+async def buffered_decision(channel: Any, headers: dict[str, str], body: bytes) -> Any:
+    """One BUFFERED request's headers and whole body (one message); the EPP's body answer."""
+    call = pb_grpc.ExternalProcessorStub(channel).Process()
+    await call.write(request_headers(headers, mode=MODES.BUFFERED))
+    assert (await asyncio.wait_for(call.read(), 10)).WhichOneof("response") == "request_headers"
+    await call.write(request_body(body, True))
+    answer = await asyncio.wait_for(call.read(), 10)
+    call.cancel()
+    return answer
+
+
+def chat_of_size(size: int) -> bytes:
+    return json.dumps(
+        {"model": "m", "messages": [{"role": "user", "content": "x" * size}]}
+    ).encode()
+
+
+async def test_the_epp_serves_tls_an_unannounced_gateway_and_bodies_up_to_its_limit(
+    gaie_crds: str,
+    operator: OperatorProcess,
+    crs: Custom,
+    namespace: str,
+    own_nodes: list[str],
+    epp: int,
+) -> None:
+    """As kgateway connects (TLS) and as Envoy before 1.34 streams (no protocol_config)."""
+    where = src_and_dst(crs, namespace, own_nodes, operator)
+    assert health(epp, "readiness") == health_pb2.HealthCheckResponse.SERVING  # over TLS
+    async with await tls_channel(epp) as channel:
+        envoy = Envoy(channel)
+        # BUFFERED without protocol_config: the gateway waits for the headers answer;
+        # the EPP decides there after its mode probe, and names one endpoint.
+        agent = Agent(envoy, "old-envoy")
+        first = await agent.turn("start", mode=MODES.BUFFERED, announce=False)
+        assert len(first.destination) == 1 and first.destination[0] in where.values()
+        chosen = {v: k for k, v in where.items()}[first.destination[0]]
+        wait_for(
+            operator,
+            lambda: bound_to(crs).get(session_object_name("old-envoy")) == chosen,
+            timeout=30,
+            what="the unannounced gateway's session Bound where it was served",
+        )
+        again = await agent.turn("again", mode=MODES.BUFFERED, announce=False)
+        assert again.destination == first.destination
+
+        # 5 MiB in one BUFFERED message, past grpc.aio's default 4 MiB: decided.
+        session = {"x-session-id": "old-envoy"}
+        answer = await buffered_decision(channel, session, chat_of_size(5 << 20))
+        assert answer.WhichOneof("response") == "request_body"
+        assert destination_of(answer)[0] == first.destination[0]
+        # Past the 8 MiB limit: the EPP's own 413, not a gRPC stream error.
+        answer = await buffered_decision(channel, session, chat_of_size(9 << 20))
+        status, _, error = immediate_of(answer)
+        assert (status, error["error"]["code"]) == (413, "body_too_large")
 
 
 async def test_the_epp_holds_a_session_while_it_migrates_and_while_its_worker_restores(
@@ -374,7 +454,7 @@ async def test_the_epp_holds_a_session_while_it_migrates_and_while_its_worker_re
     assert re.fullmatch(r"epp-[0-9]+", slot.metadata.name), slot.metadata.name
     assert slot.metadata.labels["sessionfleet.dev/component"] == "router"
 
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{epp}") as channel:
+    async with await tls_channel(epp) as channel:
         agent = Agent(Envoy(channel, timeout=30), "agent")
         first = await agent.turn("start", subset=[where["src"]])
         assert first.destination == [where["src"]]
@@ -548,7 +628,7 @@ async def test_the_epp_serves_its_pool_strips_control_headers_and_takes_nginx_tu
         "x-gateway-inference-fairness-id": "tenant-a",
         "x-gateway-model-name-rewrite": "m",
     }
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{epp_port}") as channel:
+    async with await tls_channel(epp_port) as channel:
         envoy = Envoy(channel)
         # Envoy style: new sessions and a stateless request, only ever to the pool's pod.
         for n in range(3):

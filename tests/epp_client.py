@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -210,8 +211,13 @@ class Envoy:
         chunk: int = 64,
         subset: list[str] | None = None,
         authority: str = "gateway.local",
+        announce: bool = True,
     ) -> Turn:
-        """Send one request through the EPP and ``forward``; return what happened."""
+        """Send one request through the EPP and ``forward``; return what happened.
+
+        ``announce=False`` sends no ``protocol_config``, as Envoy before 1.34 does; in
+        ``BUFFERED`` mode the EPP then decides at the headers (its mode probe).
+        """
         call = self.stub.Process()
         turn = Turn()
         first = request_headers(
@@ -223,7 +229,7 @@ class Envoy:
                 **headers,
             },
             subset=subset,
-            mode=mode,
+            mode=mode if announce else None,
             response_mode=mode,
         )
         await call.write(first)
@@ -242,12 +248,16 @@ class Envoy:
             if self._ended(turn, answer):
                 return await self._close(call, turn)
             assert answer.WhichOneof("response") == "request_headers", answer
+            at_headers = DESTINATION in set_headers(answer.request_headers.response)
+            if at_headers:
+                self._decided(turn, answer)
             await call.write(request_body(body, True))
             answer = await self._read(call)
             if self._ended(turn, answer):
                 return await self._close(call, turn)
             assert answer.WhichOneof("response") == "request_body", answer
-            self._decided(turn, answer)
+            if not at_headers:
+                self._decided(turn, answer)
             sent = body
         else:
             raise ValueError(f"body mode {mode} is not replayed here")
@@ -299,3 +309,14 @@ class Envoy:
         assert await asyncio.wait_for(call.read(), self.timeout) == grpc.aio.EOF
         assert await call.code() == grpc.StatusCode.OK
         return turn
+
+
+async def tls_channel(port: int, host: str = "127.0.0.1") -> grpc.aio.Channel:
+    """Return a TLS channel to the EPP that verifies the certificate it serves.
+
+    The EPP's certificate is self-signed (made at its start), as a gateway configured
+    with the EPP's CA would trust it: the test reads it first and trusts only it.
+    """
+    certificate = await asyncio.to_thread(ssl.get_server_certificate, (host, port))
+    secure = grpc.ssl_channel_credentials(root_certificates=certificate.encode())
+    return grpc.aio.secure_channel(f"{host}:{port}", secure)

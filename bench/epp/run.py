@@ -248,6 +248,9 @@ class Epp:
             "--host=127.0.0.1",
             f"--port={self.port}",
             "--metrics-port=0",
+            "--health-port=0",
+            # Plaintext, as the numbers before TLS were measured: TLS is the gateway's cost.
+            "--no-secure-serving",
             f"--namespace={namespace}",
             f"--kubeconfig={kubeconfig}",
             "--replica=bench-epp",

@@ -8,50 +8,21 @@ against and what not); one from a Secret signed by a CA the operator is given
 
 from __future__ import annotations
 
-import datetime
-import ipaddress
 import os
 import ssl
 import tempfile
 from pathlib import Path
 
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
+from sessionfleet import certificates
 
 SELF_SIGNED_DAYS = 365
 
 
 def self_signed(node: str, addresses: tuple[str, ...] = ()) -> tuple[bytes, bytes]:
     """Return a new certificate and its private key (PEM) naming ``node`` and ``addresses``."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"sessionfleet-agent {node}"[:64])])
-    alternatives: list[x509.GeneralName] = [x509.DNSName(node)]
-    for address in addresses:
-        try:
-            alternatives.append(x509.IPAddress(ipaddress.ip_address(address)))
-        except ValueError:
-            continue  # not an address: the node name already names the host
-    now = datetime.datetime.now(datetime.UTC)
-    certificate = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=SELF_SIGNED_DAYS))
-        .add_extension(x509.SubjectAlternativeName(alternatives), critical=False)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
+    return certificates.self_signed(
+        f"sessionfleet-agent {node}", [node], addresses, days=SELF_SIGNED_DAYS
     )
-    key_pem = key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    )
-    return certificate.public_bytes(serialization.Encoding.PEM), key_pem
 
 
 def server_context(

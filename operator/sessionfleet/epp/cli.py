@@ -10,13 +10,14 @@ from typing import TYPE_CHECKING, Any
 
 from sessionfleet.cliargs import non_negative_float, positive_float, positive_int
 from sessionfleet.fronts.options import (
+    add_body_limit_arguments,
     add_fleet_arguments,
     default_namespace,
     lease_slots_from_args,
 )
 
 if TYPE_CHECKING:
-    from sessionfleet.epp.server import EppSettings
+    from sessionfleet.epp.server import EppSettings, Listeners
 
 DESCRIPTION = """\
 An Envoy ext_proc v3 gRPC server implementing the Gateway API Inference Extension's
@@ -41,10 +42,30 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
         "--port", type=int, default=9002, help="gRPC port (ext_proc and health; default: 9002)"
     )
     parser.add_argument(
+        "--health-port",
+        type=int,
+        default=9003,
+        help="plaintext gRPC health port for Kubernetes' probes, which cannot speak TLS; "
+        "0: none (default: 9003)",
+    )
+    parser.add_argument(
         "--metrics-port",
         type=int,
         default=9090,
         help="Prometheus metrics port; 0: none (default: 9090)",
+    )
+    parser.add_argument(
+        "--secure-serving",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="serve ext_proc over TLS, as gateways connect (default: on; "
+        "--no-secure-serving serves plaintext)",
+    )
+    parser.add_argument(
+        "--cert-path",
+        default=None,
+        help="a directory with tls.crt and tls.key (a mounted Secret), read again when they "
+        "change (default: a self-signed certificate made at start)",
     )
     add_fleet_arguments(parser)
     parser.add_argument(
@@ -63,17 +84,28 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     parser.add_argument(
         "--fallbacks",
         type=int,
-        default=2,
-        help="fallback endpoints after the first, for new sessions and stateless requests "
-        "(default: 2)",
+        default=0,
+        help="fallback endpoints after the first, for new sessions and stateless requests; "
+        "only a data plane that reads an endpoint list (Envoy's override-host load "
+        "balancer) can use them (default: 0, one endpoint, docs/gateway.md)",
     )
     parser.add_argument(
         "--request-body-mode",
         choices=_MODES,
         default="FULL_DUPLEX_STREAMED",
         help="the request body mode assumed when Envoy does not announce it "
-        "(default: FULL_DUPLEX_STREAMED)",
+        "(default: FULL_DUPLEX_STREAMED, with the mode probe)",
     )
+    parser.add_argument(
+        "--mode-probe-seconds",
+        type=non_negative_float,
+        default=0.1,
+        help="with no announced mode and FULL_DUPLEX_STREAMED assumed: how long to wait for "
+        "a body after the headers before deciding at the headers, as a gateway waiting "
+        "for their answer needs; keep it under the gateway's message timeout (Envoy: "
+        "200 ms); 0: never (default: 0.1)",
+    )
+    add_body_limit_arguments(parser)
     parser.add_argument(
         "--response-body-mode",
         choices=_MODES,
@@ -118,6 +150,8 @@ def settings_from_args(args: argparse.Namespace) -> EppSettings:
 
     if args.fallbacks < 0:
         raise ValueError("--fallbacks must not be negative")
+    if args.max_inflight_body_bytes < args.max_body_bytes:
+        raise ValueError("--max-inflight-body-bytes must be at least --max-body-bytes")
     modes = processing_mode_pb2.ProcessingMode.BodySendMode
     return EppSettings(
         namespace=args.namespace or default_namespace(),
@@ -131,11 +165,15 @@ def settings_from_args(args: argparse.Namespace) -> EppSettings:
         exchange=ExchangeSettings(
             request_body_mode=modes.Value(args.request_body_mode),
             response_body_mode=modes.Value(args.response_body_mode),
+            max_body_bytes=args.max_body_bytes,
+            retry_after=args.retry_after,
         ),
         hold_timeout=args.hold_timeout,
         flush_interval=args.flush_interval,
         pool_name=args.pool_name or None,
         unobserved_turn_seconds=args.unobserved_turn_seconds,
+        mode_probe_seconds=args.mode_probe_seconds,
+        max_inflight_body_bytes=args.max_inflight_body_bytes,
     )
 
 
@@ -152,6 +190,20 @@ def run(args: argparse.Namespace) -> int:
         "epp",
         args,
         settings_from_args,
-        lambda kube, settings: serve(kube, settings, args.host, args.port, args.metrics_port),
+        lambda kube, settings: serve(kube, settings, listeners_from_args(args)),
         lambda settings: f"sessionfleet-epp/{settings.replica}",
+    )
+
+
+def listeners_from_args(args: argparse.Namespace) -> Listeners:
+    """Return where and how the EPP listens, from the parsed flags."""
+    from sessionfleet.epp.server import Listeners
+
+    return Listeners(
+        host=args.host,
+        port=args.port,
+        health_port=args.health_port,
+        metrics_port=args.metrics_port,
+        secure=args.secure_serving,
+        cert_path=args.cert_path or None,
     )

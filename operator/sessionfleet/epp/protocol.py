@@ -36,6 +36,18 @@ request body mode           the decision, and in which answer it travels
                             ``streamed_response`` after it
 ==========================  =============================================================
 
+Without ``protocol_config`` (Envoy before 1.34, NGINX Gateway Fabric's shim) the configured
+mode is assumed. When that is ``FULL_DUPLEX_STREAMED`` the stream itself tells: a duplex
+gateway sends the body without waiting for the headers answer, a synchronous one
+(``BUFFERED``, ``STREAMED``) waits for it. So when no body message follows the headers
+within the mode probe (``--mode-probe-seconds``, under Envoy's 200 ms message timeout),
+the server calls :meth:`Exchange.assume_synchronous` and the decision travels in the
+headers answer, as in ``STREAMED`` mode, instead of stalling until the gateway's timeout.
+
+Request bodies held until the decision count against a budget shared by all streams
+(:class:`~sessionfleet.fronts.body.BodyBudget`): past it, 503 with Retry-After. A body
+over ``max_body_bytes`` is answered 413.
+
 A request whose headers end the stream is decided at the headers in every mode. The
 response is let through (echoed chunk by chunk in ``FULL_DUPLEX_STREAMED``) while its
 last 16 KiB are kept to read the OpenAI ``usage`` from (streamed or not).
@@ -58,8 +70,10 @@ from sessionfleet.engines import FORWARDED_SESSION_HEADER
 from sessionfleet.engines.vllm import Usage
 from sessionfleet.epp.picker import EndpointPicker, Held, Route
 from sessionfleet.fronts.body import (
+    FULL_WALK_INLINE_BYTES,
     HEAD_BYTES,
     TAIL_BYTES,
+    BodyBudget,
     BodyError,
     find_model,
     usage_in_body,
@@ -199,6 +213,8 @@ class ExchangeSettings:
     request_body_mode: int = FULL_DUPLEX_STREAMED
     response_body_mode: int = FULL_DUPLEX_STREAMED
     max_body_bytes: int = 8 << 20
+    retry_after: int = 5
+    """Retry-After seconds when the bodies held at once are over budget."""
 
 
 @dataclass(slots=True)
@@ -221,12 +237,24 @@ class Exchange:
     or :meth:`give_up`); :attr:`closed` says an immediate response ended the request.
     """
 
-    def __init__(self, picker: EndpointPicker, settings: ExchangeSettings, started: float) -> None:
+    def __init__(
+        self,
+        picker: EndpointPicker,
+        settings: ExchangeSettings,
+        started: float,
+        budget: BodyBudget | None = None,
+    ) -> None:
         self.picker = picker
         self.settings = settings
         self.started = started
+        self.budget = budget
+        """The bytes all streams hold at once (shared); None: no bound beyond one body's."""
         self.request_mode = settings.request_body_mode
         self.response_mode = settings.response_body_mode
+        self.announced = False
+        """Whether the gateway announced its body modes (``protocol_config``)."""
+        self.parsed_model: str | BodyError | None = None
+        """The body's model, parsed ahead off the event loop (:meth:`body_to_parse`)."""
         self.headers: Headers = Headers({})
         self.subset: frozenset[str] | None = None
         self.route: Route | None = None
@@ -239,6 +267,8 @@ class Exchange:
         """The model the request named (its body, or the headers), once decided."""
         self._chunks: list[tuple[bytes, bool]] = []
         self._body_size = 0
+        self._held = 0
+        """Bytes of ``_chunks`` taken from the budget."""
         self._answer = "headers"
         """Where the decision travels: headers, body, or duplex (headers, then chunks)."""
         self._trailers = False
@@ -259,6 +289,7 @@ class Exchange:
         if self._first:
             self._first = False
             if request.HasField("protocol_config"):
+                self.announced = True
                 self.request_mode = request.protocol_config.request_body_mode
                 self.response_mode = request.protocol_config.response_body_mode
         if self.closed:
@@ -281,6 +312,62 @@ class Exchange:
         except RouterError as error:
             return self._refuse(error)
         return []
+
+    @property
+    def probing(self) -> bool:
+        """Whether the body mode is still unknown: duplex assumed, headers only so far.
+
+        The server then waits at most the mode probe for the next message before it
+        calls :meth:`assume_synchronous`.
+        """
+        return (
+            not self.announced
+            and self._answer == "duplex"
+            and self.route is None
+            and self.held is None
+            and not self.closed
+            and not self._chunks
+            and not self._trailers
+        )
+
+    def assume_synchronous(self, now: float) -> list[Any]:
+        """Decide at the headers: the gateway waits for their answer before the body.
+
+        A gateway that announces no mode and sends no body after the headers is a
+        ``BUFFERED`` or ``STREAMED`` one; its body and response messages then each
+        expect an answer of their own, as in those modes.
+        """
+        self.request_mode, self.response_mode = STREAMED, STREAMED
+        self._answer = "headers"
+        return self._decide(now)
+
+    def body_to_parse(self, request: Any) -> bytes | None:
+        """Return the whole body when ``request`` completes one to decide on and it is large.
+
+        The server parses it off the event loop (:func:`~sessionfleet.fronts.body.model_of`)
+        and sets :attr:`parsed_model` before :meth:`receive`: a crafted 7 MiB body took
+        0.27 s to walk, past the gateway's message timeout for every other stream.
+        """
+        if request.WhichOneof("request") != "request_body" or self.closed:
+            return None
+        body = request.request_body
+        if self.route is not None or self._answer == "headers":
+            return None
+        if not (self._answer == "body" or body.end_of_stream):
+            return None
+        size = self._body_size + len(body.body)
+        if size <= FULL_WALK_INLINE_BYTES or size > self.settings.max_body_bytes:
+            return None
+        return b"".join([*(chunk for chunk, _ in self._chunks), bytes(body.body)])
+
+    def close(self) -> None:
+        """Give back what the stream holds of the body budget (at the stream's end)."""
+        self._release()
+
+    def _release(self) -> None:
+        if self.budget is not None and self._held:
+            self.budget.release(self._held)
+        self._held = 0
 
     @property
     def responded(self) -> bool:
@@ -319,6 +406,8 @@ class Exchange:
     def _refuse(self, error: RouterError) -> list[Any]:
         """End the request with the EPP's own answer."""
         self.closed, self.refused = True, error
+        self._chunks = []
+        self._release()
         return [immediate(error)]
 
     # --- the request ----------------------------------------------------------------
@@ -340,11 +429,22 @@ class Exchange:
         if self.route is not None or self._answer == "headers":
             # Decided at the headers: the body passes.
             return [pb.ProcessingResponse(request_body=pb.BodyResponse())]
-        self._body_size += len(body.body)
+        size = len(body.body)
+        self._body_size += size
         if self._body_size > self.settings.max_body_bytes:
             raise RouterError(
                 413, "body_too_large", f"the body exceeds {self.settings.max_body_bytes} bytes"
             )
+        if self.budget is not None:
+            if not self.budget.reserve(size):
+                raise RouterError(
+                    503,
+                    "epp_overloaded",
+                    f"the EPP holds {self.budget.used} bytes of request bodies, its limit "
+                    f"(--max-inflight-body-bytes) is {self.budget.capacity}: try again",
+                    retry_after=self.settings.retry_after,
+                )
+            self._held += size
         self._chunks.append((bytes(body.body), bool(body.end_of_stream)))
         if self._answer == "body" or body.end_of_stream:
             return self._decide(now)
@@ -357,6 +457,11 @@ class Exchange:
         return [pb.ProcessingResponse(request_trailers=pb.TrailersResponse())]
 
     def _model(self) -> str | None:
+        parsed = self.parsed_model
+        if isinstance(parsed, BodyError):
+            raise RouterError(400, "invalid_body", str(parsed)) from parsed
+        if parsed is not None:
+            return parsed
         body = b"".join(chunk for chunk, _ in self._chunks)
         if body:
             try:
@@ -389,6 +494,8 @@ class Exchange:
         self.held, self.route = None, decision
         common, metadata = destination(decision)
         if self._answer == "body":
+            self._chunks = []
+            self._release()
             return [
                 pb.ProcessingResponse(
                     request_body=pb.BodyResponse(response=common), dynamic_metadata=metadata
@@ -401,6 +508,7 @@ class Exchange:
         ]
         if self._answer == "duplex":
             chunks, self._chunks = self._chunks, []
+            self._release()
             answers.extend(_echo(chunk, ends, response=False) for chunk, ends in chunks)
             if self._trailers:
                 answers.append(pb.ProcessingResponse(request_trailers=pb.TrailersResponse()))

@@ -44,6 +44,7 @@ from sessionfleet.epp.pool import (
 )
 from sessionfleet.epp.protocol import Exchange, ExchangeSettings, TurnOutcome
 from sessionfleet.fronts.bindings import BindingTable, WorkerView
+from sessionfleet.fronts.body import BodyBudget, BodyError, model_of
 from sessionfleet.fronts.errors import RouterError
 from sessionfleet.fronts.handshake import Acknowledger, LeaseKeeper
 from sessionfleet.fronts.identity import session_object_name
@@ -82,6 +83,11 @@ class EppSettings:
     unobserved_turn_seconds: float = 120.0
     """How long a turn counts after a gateway half-closed before the response (NGINX
     Gateway Fabric), unless the session's next turn comes first."""
+    mode_probe_seconds: float = 0.1
+    """How long a stream with no announced mode may go without a body after its headers
+    before the EPP takes the gateway for a synchronous one (0: never probe)."""
+    max_inflight_body_bytes: int = 192 << 20
+    """Bytes of request bodies all streams hold at once; 503 beyond."""
 
 
 class Processor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
@@ -109,20 +115,38 @@ class Processor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         self.turns = Turns(table, metrics)
         """Turns in flight here and their holds; the migration handshake reads them."""
         self.gaie = gaie
+        self.budget = BodyBudget(settings.max_inflight_body_bytes)
+        """Request bodies held until their decision, by every stream together."""
         self._tasks: set[asyncio.Task[None]] = set()
         self._unobserved: dict[str, tuple[asyncio.TimerHandle, WorkerView]] = {}
         """Sessions whose last turn the gateway stopped showing, until it surely ended."""
+        self._synchronous_seen = False
 
     async def Process(  # the gRPC method's name
         self, requests: AsyncIterator[Any], context: Any
     ) -> AsyncIterator[Any]:
         """Answer one request's messages, in order, as Envoy sends them."""
-        exchange = Exchange(self.picker, self.settings.exchange, time.time())
+        exchange = Exchange(self.picker, self.settings.exchange, time.time(), self.budget)
         turn = _Turn()
+        messages = _Messages(requests)
         self.metrics.in_flight.inc()
         try:
-            async for message in requests:
-                answers = exchange.receive(message, time.monotonic())
+            while True:
+                probe = self.settings.mode_probe_seconds or None
+                if not exchange.probing:
+                    probe = None
+                message = await messages.next(probe)
+                if message is _ENDED:
+                    break
+                if message is _SILENT:
+                    # Headers and then nothing: a gateway waiting for their answer.
+                    self._took_synchronous()
+                    answers = exchange.assume_synchronous(time.monotonic())
+                else:
+                    body = exchange.body_to_parse(message)
+                    if body is not None:
+                        exchange.parsed_model = await _parse_model(body)
+                    answers = exchange.receive(message, time.monotonic())
                 if exchange.held is not None:
                     self._arrived(session_object_name(exchange.held.session_id, None))
                     answers = await self._hold(exchange)
@@ -139,8 +163,22 @@ class Processor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                     return
             turn.half_closed = True
         finally:
+            messages.cancel()
+            exchange.close()
             self.metrics.in_flight.dec()
             self._finish(turn, exchange)
+
+    def _took_synchronous(self) -> None:
+        """Say once that a gateway announced no mode and waited for the headers answer."""
+        if not self._synchronous_seen:
+            self._synchronous_seen = True
+            logger.warning(
+                "a gateway announced no body mode (no protocol_config) and sent no body "
+                "within %g s of the headers: deciding at the headers for such streams, as "
+                "in STREAMED mode; set --request-body-mode to the gateway's mode (BUFFERED "
+                "or STREAMED) to skip the wait",
+                self.settings.mode_probe_seconds,
+            )
 
     def _begin(self, turn: _Turn, route: Route, exchange: Exchange) -> None:
         turn.route = route
@@ -308,6 +346,49 @@ class _Turn:
     """Whether the gateway ended the stream itself (not a reset or an EPP answer)."""
 
 
+_ENDED: Final = object()
+"""The gateway ended the stream."""
+_SILENT: Final = object()
+"""No message came within the wait."""
+
+
+class _Messages:
+    """A stream's request messages, read with an optional wait that cancels nothing.
+
+    A read cut short by a timeout would leave gRPC's stream in an unknown state, so the
+    pending read is kept and awaited by the next call instead.
+    """
+
+    def __init__(self, requests: AsyncIterator[Any]) -> None:
+        self._requests = aiter(requests)
+        self._pending: asyncio.Future[Any] | None = None
+
+    async def next(self, wait: float | None) -> Any:
+        """Return the next message, ``_ENDED``, or ``_SILENT`` after ``wait`` seconds."""
+        if wait is None and self._pending is None:
+            return await anext(self._requests, _ENDED)
+        if self._pending is None:
+            self._pending = asyncio.ensure_future(anext(self._requests, _ENDED))
+        done, _ = await asyncio.wait({self._pending}, timeout=wait)
+        if not done:
+            return _SILENT
+        pending, self._pending = self._pending, None
+        return pending.result()
+
+    def cancel(self) -> None:
+        """Stop a read still pending (the stream is over)."""
+        if self._pending is not None:
+            self._pending.cancel()
+
+
+async def _parse_model(body: bytes) -> str | BodyError:
+    """Return the body's model, or why there is none, with a large walk off the loop."""
+    try:
+        return await model_of(body)
+    except BodyError as error:
+        return error
+
+
 class Health:
     """The gRPC health service with the EPP protocol's service names."""
 
@@ -341,18 +422,79 @@ class Health:
             await asyncio.sleep(interval)
 
 
-def grpc_server(processor: Processor, health_service: Health, address: str) -> tuple[Any, int]:
-    """Return a grpc.aio server with both services added, and the port it is bound to."""
-    server = grpc.aio.server()
+def grpc_server(
+    processor: Processor,
+    health_service: Health,
+    address: str,
+    *,
+    credentials: Any | None = None,
+) -> tuple[Any, int]:
+    """Return a grpc.aio server with both services added, and the port it is bound to.
+
+    With ``credentials`` the port serves TLS, else plaintext. One message may be up to
+    twice the body limit (:func:`receive_limit`): a body over the limit is then answered
+    413 by the EPP, not refused by gRPC with a stream error.
+    """
+    limit = receive_limit(processor.settings.exchange.max_body_bytes)
+    server = grpc.aio.server(options=[("grpc.max_receive_message_length", limit)])
     pb_grpc.add_ExternalProcessorServicer_to_server(processor, server)
     health_pb2_grpc.add_HealthServicer_to_server(health_service.servicer, server)
-    port = server.add_insecure_port(address)
+    if credentials is None:
+        port = server.add_insecure_port(address)
+    else:
+        port = server.add_secure_port(address, credentials)
     return server, port
 
 
-async def serve(kube: Kube, settings: EppSettings, host: str, port: int, metrics_port: int) -> int:
+def receive_limit(max_body_bytes: int) -> int:
+    """Return the largest gRPC message the EPP accepts: twice the body limit, and 1 MiB.
+
+    A BUFFERED body arrives as one message; grpc.aio's own default (4 MiB) refused
+    4-8 MiB bodies with a stream error. Past this, gRPC refuses the message (the
+    gateway then fails the request as its failure mode says).
+    """
+    return 2 * max_body_bytes + (1 << 20)
+
+
+def health_server(health_service: Health, address: str) -> tuple[Any, int]:
+    """Return a plaintext grpc.aio server of the health service alone, and its port.
+
+    Kubernetes' gRPC probes cannot speak TLS, so the probes use this port (upstream's
+    EPP has its own health port too); the ext_proc port keeps the health service for
+    gateways that check it over their TLS connection.
+    """
+    server = grpc.aio.server()
+    health_pb2_grpc.add_HealthServicer_to_server(health_service.servicer, server)
+    return server, server.add_insecure_port(address)
+
+
+@dataclass(frozen=True, slots=True)
+class Listeners:
+    """Where the EPP listens, and how."""
+
+    host: str = "0.0.0.0"
+    port: int = 9002
+    """ext_proc and the health service, TLS unless ``secure`` is off."""
+    health_port: int = 9003
+    """The health service alone, plaintext (Kubernetes' gRPC probes); 0: none."""
+    metrics_port: int = 9090
+    """Prometheus metrics; 0: none."""
+    secure: bool = True
+    cert_path: str | None = None
+    """A directory with ``tls.crt`` and ``tls.key``; None: self-signed at start."""
+
+
+async def serve(kube: Kube, settings: EppSettings, listeners: Listeners) -> int:
     """Run an EPP until SIGTERM or SIGINT, or until a background task fails."""
     from prometheus_client import start_http_server
+
+    from sessionfleet.epp.tls import credentials
+
+    if listeners.secure:
+        tls, how = credentials(listeners.cert_path)
+    else:
+        tls, how = None, "plaintext (--no-secure-serving)"
+    host, port, metrics_port = listeners.host, listeners.port, listeners.metrics_port
 
     table = BindingTable()
     ledger = UsageLedger(settings.flush_interval)
@@ -376,7 +518,10 @@ async def serve(kube: Kube, settings: EppSettings, host: str, port: int, metrics
     supervisor = Supervisor(logger)
     health_service = Health(table, supervisor, pool)
     await health_service.update()
-    server, bound = grpc_server(processor, health_service, f"{host}:{port}")
+    server, bound = grpc_server(processor, health_service, f"{host}:{port}", credentials=tls)
+    servers = [server]
+    if listeners.health_port:
+        servers.append(health_server(health_service, f"{host}:{listeners.health_port}")[0])
     if metrics_port:
         start_http_server(metrics_port, registry=metrics.registry)
     supervisor.start("worker watch", watch_workers(kube, settings.namespace, table))
@@ -401,8 +546,9 @@ async def serve(kube: Kube, settings: EppSettings, host: str, port: int, metrics
     )
     supervisor.start("lease keeper", lease.run())
     supervisor.start("migration acknowledger", acknowledger.run())
-    await server.start()
-    logger.info("EPP %s serving ext_proc on %s:%d", settings.replica, host, bound)
+    for each in servers:
+        await each.start()
+    logger.info("EPP %s serving ext_proc on %s:%d, %s", settings.replica, host, bound, how)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -410,7 +556,7 @@ async def serve(kube: Kube, settings: EppSettings, host: str, port: int, metrics
     try:
         failure = await supervisor.wait(stop)
     finally:
-        await server.stop(grace=5)
+        await asyncio.gather(*(each.stop(grace=5) for each in servers))
         await supervisor.stop()
         try:
             async with asyncio.timeout(SHUTDOWN_FLUSH_SECONDS):

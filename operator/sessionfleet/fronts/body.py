@@ -315,3 +315,22 @@ def usage_in_body(body: bytes) -> Usage | None:
         except (ValueError, RecursionError):
             return None
     return usage_in_tail(body[-TAIL_BYTES:])
+
+
+class BodyBudget:
+    """The bytes of request bodies a front (router or EPP) holds at once, against a cap."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.used = 0
+
+    def reserve(self, size: int) -> bool:
+        """Take ``size`` bytes of the budget; False (and nothing taken) when they do not fit."""
+        if self.used + size > self.capacity:
+            return False
+        self.used += size
+        return True
+
+    def release(self, size: int) -> None:
+        """Give back bytes taken with :meth:`reserve`."""
+        self.used -= size

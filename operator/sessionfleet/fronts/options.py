@@ -8,10 +8,16 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any, Final
 
 from sessionfleet.cliargs import positive_int
 from sessionfleet.resources.leases import DEFAULT_SLOTS, LeaseSlots
 
+DEFAULT_MAX_BODY_BYTES: Final = 8 << 20
+"""8 MiB. A 200K-token conversation is about 0.8 MB of JSON (4 bytes a token, 700 KB
+measured for 180K tokens); escaping, tool schemas and a few images fit under 8 MiB."""
+DEFAULT_MAX_INFLIGHT_BODY_BYTES: Final = 192 << 20
+"""192 MiB: 24 maximum-size bodies at once, within the router chart's 512 MiB memory limit."""
 NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 
@@ -78,3 +84,24 @@ def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
 def lease_slots_from_args(args: argparse.Namespace, default_prefix: str) -> LeaseSlots:
     """Return the slot Leases the replica picks its own from."""
     return LeaseSlots(args.lease_prefix or default_prefix, args.lease_slots)
+
+
+def add_body_limit_arguments(group: Any) -> None:
+    """Add ``--max-body-bytes`` and ``--max-inflight-body-bytes`` to a parser or group.
+
+    One limit per front, the same flags and defaults in both: a body over the first is
+    answered 413, and bodies held at once over the second 503 with Retry-After.
+    """
+    group.add_argument(
+        "--max-body-bytes",
+        type=positive_int,
+        default=DEFAULT_MAX_BODY_BYTES,
+        help="largest request body accepted, 413 beyond it (default: 8 MiB, a 200K-token "
+        "context with room to spare)",
+    )
+    group.add_argument(
+        "--max-inflight-body-bytes",
+        type=positive_int,
+        default=DEFAULT_MAX_INFLIGHT_BODY_BYTES,
+        help="bytes of request bodies held at once, 503 beyond it (default: 192 MiB)",
+    )

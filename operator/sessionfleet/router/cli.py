@@ -10,14 +10,13 @@ from typing import TYPE_CHECKING, Any
 
 from sessionfleet.cliargs import non_negative_float, positive_float, positive_int
 from sessionfleet.fronts.options import (
+    add_body_limit_arguments,
     add_fleet_arguments,
     default_namespace,
     lease_slots_from_args,
 )
 from sessionfleet.router.limits import (
-    DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_HEADER_BYTES,
-    DEFAULT_MAX_INFLIGHT_BODY_BYTES,
     DEFAULT_MAX_INFLIGHT_HEADER_BYTES,
 )
 
@@ -94,19 +93,7 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
         help="seconds without a byte from a worker before giving up (default: 600)",
     )
     limits = parser.add_argument_group("limits (docs/router.md, Limits)")
-    limits.add_argument(
-        "--max-body-bytes",
-        type=positive_int,
-        default=DEFAULT_MAX_BODY_BYTES,
-        help="largest request body accepted, 413 beyond it (default: 8 MiB, a 200K-token "
-        "context with room to spare)",
-    )
-    limits.add_argument(
-        "--max-inflight-body-bytes",
-        type=positive_int,
-        default=DEFAULT_MAX_INFLIGHT_BODY_BYTES,
-        help="bytes of request bodies held at once, 503 beyond it (default: 192 MiB)",
-    )
+    add_body_limit_arguments(limits)
     limits.add_argument(
         "--max-header-bytes",
         type=positive_int,

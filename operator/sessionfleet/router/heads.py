@@ -32,8 +32,8 @@ from aiohttp.web_request import BaseRequest
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from sessionfleet.engines.anthropic import is_messages_path
+from sessionfleet.fronts.body import BodyBudget
 from sessionfleet.fronts.errors import REASON_HEADER, RouterError
-from sessionfleet.router.intake import BodyBudget
 from sessionfleet.router.limits import IntakeLimits
 
 _REQUEST_LINE_EXTRA: Final = len("  HTTP/1.1\r\n") + len("\r\n")

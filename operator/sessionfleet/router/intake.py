@@ -27,6 +27,7 @@ from typing import Final
 
 from aiohttp import web
 
+from sessionfleet.fronts.body import BodyBudget
 from sessionfleet.fronts.errors import RouterError
 from sessionfleet.router.limits import IntakeLimits
 
@@ -41,25 +42,6 @@ _ACCEPTED_TYPES: Final = frozenset(
     }
 )
 _READ_CHUNK: Final = 1 << 16
-
-
-class BodyBudget:
-    """The bytes of request bodies the router holds at once, against a cap."""
-
-    def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
-        self.used = 0
-
-    def reserve(self, size: int) -> bool:
-        """Take ``size`` bytes of the budget; False (and nothing taken) when they do not fit."""
-        if self.used + size > self.capacity:
-            return False
-        self.used += size
-        return True
-
-    def release(self, size: int) -> None:
-        """Give back bytes taken with :meth:`reserve`."""
-        self.used -= size
 
 
 def _check_headers(request: web.Request) -> None:

@@ -9,11 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
-DEFAULT_MAX_BODY_BYTES: Final = 8 << 20
-"""8 MiB. A 200K-token conversation is about 0.8 MB of JSON (4 bytes a token, 700 KB
-measured for 180K tokens); escaping, tool schemas and a few images fit under 8 MiB."""
-DEFAULT_MAX_INFLIGHT_BODY_BYTES: Final = 192 << 20
-"""192 MiB: 24 maximum-size bodies at once, within the chart's 512 MiB memory limit."""
+from sessionfleet.fronts.options import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_INFLIGHT_BODY_BYTES
+
 DEFAULT_MAX_HEADER_BYTES: Final = 32 << 10
 """32 KiB for a request's line and headers together, as nginx allows by default (four
 8 KiB buffers); agents send about 1 KiB."""
