@@ -360,6 +360,12 @@ class Demo:
                     f"--namespace={NAMESPACE}",
                     f"--kubeconfig={router_cfg}",
                     "--replica=demo",
+                    # The Lease slots the chart's admission policy lets the router's
+                    # ServiceAccount hold (router.replicas=0: the chart's minimum, 8):
+                    # without a live slot the operator does not wait for this router's
+                    # turn-boundary acknowledgement before it moves a session.
+                    f"--lease-prefix={RELEASE}-sessionfleet-router",
+                    "--lease-slots=8",
                     "--flush-interval=1",
                     "--create-timeout=30",
                 ],

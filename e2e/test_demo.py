@@ -55,9 +55,18 @@ def fast_run(tmp_path: Path) -> Iterator[tuple[dict[str, Any], str]]:
             timeout=160,
         )
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+        the_router_held_its_lease_slot(state)
         yield json.loads((out / "report.json").read_text()), result.stdout
     finally:
         demo("down", f"--state-dir={state}", timeout=60)
+
+
+def the_router_held_its_lease_slot(state: Path) -> None:
+    """The router's Lease slot was granted: the chart's admission policy allows only its
+    own slots, and without one the operator moves sessions without the router's
+    turn-boundary acknowledgement (a turn in flight on a drained worker then fails)."""
+    log = (state / "logs" / "router.log").read_text()
+    assert "cannot renew lease" not in log, log[-2000:]
 
 
 def _every_session_finished_and_no_turn_was_lost(fast_run: tuple[dict[str, Any], str]) -> None:
@@ -138,6 +147,7 @@ def test_the_fast_demo_with_two_workers_on_real_vllm(tmp_path: Path) -> None:
                 timeout=360,
             )
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+        the_router_held_its_lease_slot(state)
         report = json.loads((out / "report.json").read_text())
     finally:
         demo("down", f"--state-dir={state}", timeout=60)
