@@ -2,7 +2,7 @@
 # Builds the pinned tools of the e2e control plane with `go build` and caches them
 # outside the repository, reusing every binary whose version stamp still matches.
 #
-#   kube-apiserver, kube-controller-manager, kube-scheduler, kubectl  k8s.io/kubernetes v1.36.3
+#   kube-apiserver, kube-controller-manager, kube-scheduler, kubectl  k8s.io/kubernetes ${K8S_VERSION:-v1.36.3}
 #   etcd                                                               go.etcd.io/etcd/server/v3 (as pinned by Kubernetes)
 #   kwok (+ its shipped Stage YAMLs)                                   sigs.k8s.io/kwok v0.8.0
 #   helm                                                               helm.sh/helm/v3 v3.22.0
@@ -11,18 +11,28 @@
 #   karpenter (its KWOK cloud provider, + its CRDs)                    sigs.k8s.io/karpenter v1.14.1
 #
 # The versions live in the committed go.mod/go.sum files under e2e/tools/; this script
-# only decides what to (re)build. Output directory (printed at the end):
-#   ${SESSIONFLEET_E2E_TOOLS:-${XDG_CACHE_HOME:-~/.cache}/sessionfleet/k8s-v1.36.3}/bin
+# only decides what to (re)build. K8S_VERSION picks the control plane: each supported
+# version has its module in e2e/tools/k8s/<version>/ and its own cache directory, so
+# switching versions rebuilds nothing already built. Output directory (printed at the end):
+#   ${SESSIONFLEET_E2E_TOOLS:-${XDG_CACHE_HOME:-~/.cache}/sessionfleet/k8s-${K8S_VERSION}}/bin
 #   .../kwok-stages/{node,pod}/...
 #   .../gaie-crds/*.yaml
 #   .../karpenter-crds/*.yaml
 #
-# Usage: e2e/build-tools.sh [--print-dir]
+# Usage: [K8S_VERSION=v1.37.2] e2e/build-tools.sh [--print-dir]
 set -euo pipefail
 
-K8S_VERSION="v1.36.3"
+# The default must match e2e/localcluster/_tools.py's DEFAULT_K8S_VERSION.
+K8S_VERSION="${K8S_VERSION:-v1.36.3}"
 repo_e2e="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 tools_src="${repo_e2e}/tools"
+k8s_mod="${tools_src}/k8s/${K8S_VERSION}"
+if [[ ! -f "${k8s_mod}/go.mod" ]]; then
+  echo "build-tools: K8S_VERSION=${K8S_VERSION} has no module in e2e/tools/k8s/; supported:" \
+    "$(cd "${tools_src}/k8s" && ls -d v*/ | tr -d / | tr '\n' ' ')" >&2
+  echo "build-tools: add one with e2e/tools/k8s/update-go-mod.sh ${K8S_VERSION}" >&2
+  exit 2
+fi
 cache_root="${SESSIONFLEET_E2E_TOOLS:-${XDG_CACHE_HOME:-${HOME}/.cache}/sessionfleet/k8s-${K8S_VERSION}}"
 bin_dir="${cache_root}/bin"
 stage_dir="${cache_root}/kwok-stages"
@@ -68,6 +78,24 @@ stamp_for() {
   echo "${package} ${go_version} mod:${sums} ldflags:$(echo "$ldflags" | sha256sum | cut -c1-16)"
 }
 
+# reuse_from_other_version NAME STAMP: the tools that do not depend on the control
+# plane's version (KWOK, helm, promtool, Karpenter) are the same build in every
+# k8s-<version> cache directory; a binary with an identical stamp there is copied.
+reuse_from_other_version() {
+  local name="$1" stamp="$2" other
+  for other in "${cache_root%/*}"/k8s-v*/bin; do
+    [[ "$other" == "$bin_dir" ]] && continue
+    if [[ -x "${other}/${name}" && -f "${other}/.${name}.stamp" \
+      && "$(cat "${other}/.${name}.stamp")" == "$stamp" ]]; then
+      cp -f "${other}/${name}" "${bin_dir}/${name}"
+      echo "$stamp" >"${bin_dir}/.${name}.stamp"
+      echo "e2e-tools: ${name}: copied from ${other}"
+      return 0
+    fi
+  done
+  return 1
+}
+
 # build_one NAME MODULE_DIR PACKAGE LDFLAGS: builds PACKAGE into bin/NAME unless the
 # stamp next to it says the same inputs were already built.
 build_one() {
@@ -76,6 +104,10 @@ build_one() {
   stamp="$(stamp_for "$module_dir" "$ldflags" "$package")"
   if [[ -x "${bin_dir}/${name}" && -f "$stamp_file" && "$(cat "$stamp_file")" == "$stamp" ]]; then
     echo "e2e-tools: ${name}: cached"
+    reused=$((reused + 1))
+    return 0
+  fi
+  if reuse_from_other_version "$name" "$stamp"; then
     reused=$((reused + 1))
     return 0
   fi
@@ -191,7 +223,6 @@ copy_karpenter_crds() {
 
 echo "e2e-tools: ${go_version}, cache ${cache_root}"
 echo "e2e-tools: a cold build takes about 15-20 minutes on 2 cores; later runs reuse the cache"
-k8s_mod="${tools_src}/k8s"
 build_one kube-apiserver "$k8s_mod" k8s.io/kubernetes/cmd/kube-apiserver "$k8s_ldflags"
 build_one kube-controller-manager "$k8s_mod" k8s.io/kubernetes/cmd/kube-controller-manager "$k8s_ldflags"
 build_one kube-scheduler "$k8s_mod" k8s.io/kubernetes/cmd/kube-scheduler "$k8s_ldflags"

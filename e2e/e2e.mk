@@ -12,6 +12,8 @@
 #                      or against $SESSIONFLEET_E2E_KUBECONFIG when that is set
 
 # The cluster CLI is run by path, not with -m: see e2e/localcluster/__main__.py.
+# K8S_VERSION=v1.37.2 picks the control plane (e2e/tools/k8s/<version>/); unset: v1.36.3.
+export K8S_VERSION
 E2E_CLUSTER := $(PY) e2e/localcluster
 E2E_STATE_DIR ?= .e2e-state
 # --durations: the slowest tests, in every run's output, to see where the wall time goes.

@@ -8,10 +8,26 @@ and the build script agree without passing paths around.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
-K8S_VERSION = "v1.36.3"
+#: The control plane the e2e suite runs on unless ``K8S_VERSION`` names another; the
+#: default of ``e2e/build-tools.sh`` too.
+DEFAULT_K8S_VERSION = "v1.36.3"
+
+
+def _k8s_version_from_env() -> str:
+    """``$K8S_VERSION`` (a release such as ``v1.37.2``), else the default."""
+    version = os.environ.get("K8S_VERSION") or DEFAULT_K8S_VERSION
+    if not re.fullmatch(r"v1\.\d+\.\d+", version):
+        raise ValueError(f"K8S_VERSION={version!r} is not a release such as v1.37.2")
+    return version
+
+
+#: The control plane's version: every binary comes from ``k8s-<version>`` in the cache,
+#: built by ``K8S_VERSION=<version> e2e/build-tools.sh`` from e2e/tools/k8s/<version>/.
+K8S_VERSION = _k8s_version_from_env()
 
 #: Every binary the harness or the tests run; ``build-tools.sh`` builds exactly these.
 BINARIES = (
@@ -44,7 +60,7 @@ def tools_root() -> Path:
     """Return the tools cache directory, honouring ``SESSIONFLEET_E2E_TOOLS``.
 
     Mirrors the default of ``e2e/build-tools.sh``:
-    ``${XDG_CACHE_HOME:-~/.cache}/sessionfleet/k8s-v1.36.3``.
+    ``${XDG_CACHE_HOME:-~/.cache}/sessionfleet/k8s-${K8S_VERSION}``.
     """
     return cache_dir("SESSIONFLEET_E2E_TOOLS", f"k8s-{K8S_VERSION}")
 
@@ -125,6 +141,7 @@ def find_tools() -> Tools:
     if missing:
         raise ToolsMissingError(
             f"e2e tools missing from {tools.root}: {', '.join(missing)}; "
-            "build them with `make e2e-tools` (a cold build takes about 15-20 minutes)"
+            f"build them with `make e2e-tools K8S_VERSION={K8S_VERSION}` "
+            "(a cold build takes about 15-20 minutes)"
         )
     return tools

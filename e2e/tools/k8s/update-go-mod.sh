@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Regenerates go.mod (and go.sum) of the control-plane tool module for a given
-# k8s.io/kubernetes version.
+# Generates go.mod (and go.sum) of the control-plane tool module for one
+# k8s.io/kubernetes version, in e2e/tools/k8s/<version>/: each supported version has
+# its own committed module, and e2e/build-tools.sh builds the one K8S_VERSION names.
 #
 # Why this exists: k8s.io/kubernetes points its staging modules (k8s.io/api,
 # k8s.io/apimachinery, k8s.io/client-go, ...) at ./staging/src/... through replace
@@ -9,12 +10,17 @@
 # with the published v0.X.Y tag itself. The list is read from upstream's go.mod so it
 # stays exact when the version changes.
 #
-# Usage: e2e/tools/k8s/update-go-mod.sh [v1.36.3]
+# Usage: e2e/tools/k8s/update-go-mod.sh v1.37.2
 set -euo pipefail
 
-k8s_version="${1:-v1.36.3}"
+k8s_version="${1:?usage: update-go-mod.sh vX.Y.Z (a k8s.io/kubernetes release)}"
+if [[ ! "$k8s_version" =~ ^v1\.[0-9]+\.[0-9]+$ ]]; then
+  echo "update-go-mod.sh: '${k8s_version}' is not a release version such as v1.37.2" >&2
+  exit 2
+fi
 staging_version="v0.${k8s_version#v1.}"
-here="$(cd "$(dirname "$0")" && pwd)"
+here="$(cd "$(dirname "$0")" && pwd)/${k8s_version}"
+mkdir -p "$here"
 
 upstream_mod="$(go mod download -json "k8s.io/kubernetes@${k8s_version}" \
   | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p')"
