@@ -1708,7 +1708,7 @@ def test_the_lease_create_policy_admits_only_the_slots_of_each_account() -> None
 # --- Kubernetes versions ---------------------------------------------------------------------
 
 
-def tested_kubernetes_versions() -> list[tuple[int, int, int]]:
+def releases_the_e2e_tools_build() -> list[tuple[int, int, int]]:
     """The releases the e2e tools can build (one module each in e2e/tools/k8s/)."""
     found = [
         tuple(int(part) for part in path.name.removeprefix("v").split("."))
@@ -1719,7 +1719,7 @@ def tested_kubernetes_versions() -> list[tuple[int, int, int]]:
 
 
 def test_the_charts_kube_version_starts_at_the_oldest_tested_release() -> None:
-    oldest = tested_kubernetes_versions()[0]
+    oldest = releases_the_e2e_tools_build()[0]
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
     assert chart["kubeVersion"] == f">={oldest[0]}.{oldest[1]}.0-0"
 
