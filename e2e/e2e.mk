@@ -10,6 +10,9 @@
 #   make test-repeat   run the e2e suite N times against one cluster (N=5)
 #   make test-e2e      run e2e/ against one fresh cluster shared by the xdist workers,
 #                      or against $SESSIONFLEET_E2E_KUBECONFIG when that is set
+#   make test-versions K8S_VERSION=v1.37.2
+#                      the API, chart, operator, drain and upgrade tests on another
+#                      control plane (not part of `make test`; results in docs/install.md)
 
 # The cluster CLI is run by path, not with -m: see e2e/localcluster/__main__.py.
 # K8S_VERSION=v1.37.2 picks the control plane (e2e/tools/k8s/<version>/); unset: v1.36.3.
@@ -64,3 +67,19 @@ test-repeat: e2e-tools e2e-vllm-tools venv
 		$(VENV)/bin/pytest e2e $(E2E_PYTEST_ARGS) --timeout=$(E2E_TIMEOUT) -p no:cacheprovider \
 			|| { echo "==> run $$run of $(N) failed"; exit 1; }; \
 	done; echo "==> $(N) runs green"'
+
+# The Kubernetes API surface the project depends on, on one control plane version: the
+# CRDs and their CEL rules (test_api), the chart and its upgrade (test_chart*,
+# test_upgrade), the operator's reconcilers (test_operator) and drains held by
+# PodDisruptionBudgets (test_drain). Each version is built once into its own cache.
+# Not part of `make test`: a cold build of a version takes 12+ minutes on 2 cores.
+VERSION_TESTS ?= e2e/test_api.py e2e/test_chart.py e2e/test_chart_template.py \
+	e2e/test_operator.py e2e/test_drain.py e2e/test_upgrade.py
+.PHONY: test-versions
+test-versions: venv
+	@test -n "$(K8S_VERSION)" || { echo "make test-versions needs K8S_VERSION=vX.Y.Z" \
+		"(one of: $$(ls e2e/tools/k8s | grep '^v' | tr '\n' ' '))"; exit 2; }
+	@bash e2e/build-tools.sh
+	@echo "==> $(VERSION_TESTS) on Kubernetes $(K8S_VERSION)"
+	@$(E2E_CLUSTER) run -- $(VENV)/bin/pytest $(VERSION_TESTS) $(E2E_PYTEST_ARGS) \
+		--timeout=$(E2E_TIMEOUT) -p no:cacheprovider

@@ -1740,3 +1740,38 @@ def test_the_lease_create_policy_admits_only_the_slots_of_each_account() -> None
     # The real API server runs the CEL (e2e/test_chart.py); here: off means none.
     off = render("leaseCreatePolicy.enabled=false")
     assert not by_kind(off, "ValidatingAdmissionPolicy")
+
+
+# --- Kubernetes versions ---------------------------------------------------------------------
+
+
+def releases_the_e2e_tools_build() -> list[tuple[int, int, int]]:
+    """The releases the e2e tools can build (one module each in e2e/tools/k8s/)."""
+    found = [
+        tuple(int(part) for part in path.name.removeprefix("v").split("."))
+        for path in (REPO_ROOT / "e2e" / "tools" / "k8s").glob("v1.*")
+        if (path / "go.mod").is_file()
+    ]
+    return sorted(found)  # type: ignore[arg-type]
+
+
+def test_the_charts_kube_version_starts_at_the_oldest_tested_release() -> None:
+    oldest = releases_the_e2e_tools_build()[0]
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["kubeVersion"] == f">={oldest[0]}.{oldest[1]}.0-0"
+
+
+@pytest.mark.parametrize("version", ["v1.33.9", "v1.30.0"])
+def test_helm_refuses_a_cluster_older_than_the_supported_range(version: str) -> None:
+    result = helm("template", "rel", str(CHART), f"--kube-version={version}", check=False)
+    assert result.returncode != 0
+    assert (
+        f"chart requires kubeVersion: >=1.34.0-0 which is incompatible with Kubernetes {version}"
+        in result.stderr
+    ), result.stderr
+
+
+@pytest.mark.parametrize("version", ["v1.34.0", "v1.37.2", "v1.40.1"])
+def test_helm_renders_for_every_supported_release(version: str) -> None:
+    result = helm("template", "rel", str(CHART), f"--kube-version={version}")
+    assert "kind: CustomResourceDefinition" in result.stdout

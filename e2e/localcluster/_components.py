@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from ._pki import Pki
-from ._tools import Tools
+from ._tools import K8S_VERSION, Tools
 
 HOST = "127.0.0.1"
 #: The ``kubernetes`` Service gets 127.96.0.1: nothing leaves the loopback range.
@@ -39,6 +39,21 @@ BACKED_LABEL = "sessionfleet.dev/backed"
 #: Controllers that need a cloud or allocate node CIDRs; everything else runs
 #: (garbage collector, disruption, namespace, service-account tokens, node lifecycle).
 _DISABLED_CONTROLLERS = ("nodeipam", "service-lb-controller", "cloud-node-lifecycle")
+#: Controllers that 1.37's controller manager no longer has (naming one is an error).
+_GONE_IN_1_37 = ("service-lb-controller", "cloud-node-lifecycle")
+
+
+def _minor(version: str) -> int:
+    """The minor release of a version such as ``v1.37.2``."""
+    return int(version.removeprefix("v1.").split(".")[0])
+
+
+def disabled_controllers(version: str) -> tuple[str, ...]:
+    """The controllers to turn off on this Kubernetes release."""
+    if _minor(version) >= 37:
+        return tuple(name for name in _DISABLED_CONTROLLERS if name not in _GONE_IN_1_37)
+    return _DISABLED_CONTROLLERS
+
 
 #: The Stage files shipped with KWOK that the cluster plays, relative to the stages
 #: directory. The chaos stages only act on objects labelled to opt in.
@@ -174,6 +189,17 @@ def etcd_argv(tools: Tools, ports: Ports, layout: Layout) -> list[str]:
     ]
 
 
+def endpoint_reconciler_args(version: str) -> list[str]:
+    """Return the reconciler flag for the ``kubernetes`` Service's endpoints.
+
+    From 1.37 the API server refuses to start with a loopback advertise address and an
+    endpoint reconciler ("may not be in the loopback range"); nothing here proxies
+    Service IPs, so the endpoints are not reconciled there. Older releases keep their
+    default (the lease reconciler).
+    """
+    return ["--endpoint-reconciler-type=none"] if _minor(version) >= 37 else []
+
+
 def apiserver_argv(tools: Tools, ports: Ports, layout: Layout, pki: Pki) -> list[str]:
     """kube-apiserver with RBAC + Node authorization and service-account tokens."""
     return [
@@ -201,6 +227,7 @@ def apiserver_argv(tools: Tools, ports: Ports, layout: Layout, pki: Pki) -> list
         "--audit-log-mode=blocking",
         "--profiling=false",
         "--v=1",
+        *endpoint_reconciler_args(K8S_VERSION),
     ]
 
 
@@ -250,7 +277,7 @@ def controller_manager_argv(tools: Tools, ports: Ports, layout: Layout, pki: Pki
         f"--cluster-signing-cert-file={pki.ca.cert}",
         f"--cluster-signing-key-file={pki.ca.key}",
         "--leader-elect=false",
-        "--controllers=*," + ",".join(f"-{name}" for name in _DISABLED_CONTROLLERS),
+        "--controllers=*," + ",".join(f"-{name}" for name in disabled_controllers(K8S_VERSION)),
         "--profiling=false",
         "--v=1",
     ]
