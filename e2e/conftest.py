@@ -65,6 +65,16 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
             print(f"\ne2e cluster logs kept in {started.layout.logs}", file=sys.stderr)
 
 
+@pytest.fixture
+def fresh_cluster() -> Iterator[LocalCluster]:
+    """A cluster of this test alone, one GPU node, with no sessionfleet CRDs in it."""
+    started = LocalCluster.start(gpu_nodes=1)
+    try:
+        yield started
+    finally:
+        started.stop()
+
+
 @pytest.fixture(scope="session")
 def private_cluster(request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
     """A control plane of this pytest worker's own, for tests that break one.

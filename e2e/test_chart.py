@@ -28,7 +28,6 @@ import secrets
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -351,16 +350,6 @@ def release_objects(cluster: LocalCluster, release: str, namespace: str) -> list
         "get", "clusterroles,clusterrolebindings", "-l", selector, "-o", "name"
     ).stdout.split()
     return namespaced + cluster_wide
-
-
-@pytest.fixture
-def fresh_cluster() -> Iterator[LocalCluster]:
-    """A cluster of this test alone, with no sessionfleet CRDs in it."""
-    started = LocalCluster.start(gpu_nodes=1)
-    try:
-        yield started
-    finally:
-        started.stop()
 
 
 def test_install_upgrade_uninstall_on_a_fresh_cluster(fresh_cluster: LocalCluster) -> None:

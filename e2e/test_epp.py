@@ -268,6 +268,20 @@ def checkpointed_worker(name: str, storage: Path) -> dict[str, Any]:
     return sim_worker(name, checkpoint={"driver": "engine", "storage": {"path": str(storage)}})
 
 
+def bound_where_named(
+    turn: Turn, where: dict[str, str], session_id: str, crs: Custom, operator: OperatorProcess
+) -> None:
+    """The new session's turn named one endpoint, and the session is Bound to its worker."""
+    assert len(turn.destination) == 1 and turn.destination[0] in where.values()
+    chosen = {v: k for k, v in where.items()}[turn.destination[0]]
+    wait_for(
+        operator,
+        lambda: bound_to(crs).get(session_object_name(session_id)) == chosen,
+        timeout=30,
+        what=f"{session_id} Bound to the worker the EPP named",
+    )
+
+
 def held(turn: Turn) -> None:
     """The EPP answered the turn itself: 503 session_held, with Retry-After."""
     assert turn.immediate is not None, turn.destination
@@ -345,14 +359,7 @@ async def test_the_epp_routes_places_and_accounts_sessions_in_both_body_modes(
         # endpoint (no fallbacks by default).
         other = Agent(envoy, "agent-2")
         placed = await other.turn("hello", mode=MODES.BUFFERED)
-        assert len(placed.destination) == 1 and placed.destination[0] in where.values()
-        chosen = {v: k for k, v in where.items()}[placed.destination[0]]
-        wait_for(
-            operator,
-            lambda: bound_to(crs).get(session_object_name("agent-2")) == chosen,
-            timeout=30,
-            what="agent-2 Bound to the worker the EPP chose",
-        )
+        bound_where_named(placed, where, "agent-2", crs, operator)
 
     # Usage from the response bodies reaches the session's status (5 turns served).
     wait_for(
@@ -400,14 +407,7 @@ async def test_the_epp_serves_tls_an_unannounced_gateway_and_bodies_up_to_its_li
         # the EPP decides there after its mode probe, and names one endpoint.
         agent = Agent(envoy, "old-envoy")
         first = await agent.turn("start", mode=MODES.BUFFERED, announce=False)
-        assert len(first.destination) == 1 and first.destination[0] in where.values()
-        chosen = {v: k for k, v in where.items()}[first.destination[0]]
-        wait_for(
-            operator,
-            lambda: bound_to(crs).get(session_object_name("old-envoy")) == chosen,
-            timeout=30,
-            what="the unannounced gateway's session Bound where it was served",
-        )
+        bound_where_named(first, where, "old-envoy", crs, operator)
         again = await agent.turn("again", mode=MODES.BUFFERED, announce=False)
         assert again.destination == first.destination
 

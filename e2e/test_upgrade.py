@@ -26,7 +26,6 @@ import subprocess
 import tarfile
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -159,15 +158,6 @@ class Turns:
 
     def between(self, start: float, end: float) -> list[tuple[float, str, int, str]]:
         return [r for r in self.results if start <= r[0] <= end]
-
-
-@pytest.fixture
-def fresh_cluster() -> Iterator[LocalCluster]:
-    started = LocalCluster.start(gpu_nodes=1)
-    try:
-        yield started
-    finally:
-        started.stop()
 
 
 def test_helm_upgrade_with_sessions_mid_turn_and_a_drain_held(

@@ -92,6 +92,16 @@ def write_pair(directory: Path, names: list[str]) -> bytes:
     return pair.certificate
 
 
+async def serve_tls_from(path: Path) -> tuple[Any, int]:
+    """An EPP serving TLS from the certificate directory ``path``; its server and port."""
+    directory = CertificateDirectory(path)
+    server, port, _ = await serve(
+        fleet([session("task-42", "w-2")]),
+        credentials=tls_credentials(directory.current, directory),
+    )
+    return server, port
+
+
 def names_in(certificate: bytes) -> list[str]:
     parsed = x509.load_pem_x509_certificate(certificate)
     alternatives = parsed.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
@@ -108,11 +118,7 @@ def test_the_self_signed_certificate_names_the_host_and_loopback() -> None:
 
 async def test_a_client_that_verifies_the_certificate_gets_its_turn_routed(tmp_path: Path) -> None:
     certificate = write_pair(tmp_path, ["epp-a"])
-    directory = CertificateDirectory(tmp_path)
-    server, port, _ = await serve(
-        fleet([session("task-42", "w-2")]),
-        credentials=tls_credentials(directory.current, directory),
-    )
+    server, port = await serve_tls_from(tmp_path)
     try:
         secure = grpc.ssl_channel_credentials(root_certificates=certificate)
         async with grpc.aio.secure_channel(f"127.0.0.1:{port}", secure) as channel:
@@ -127,11 +133,7 @@ async def test_a_client_that_verifies_the_certificate_gets_its_turn_routed(tmp_p
 
 async def test_a_rotated_certificate_is_served_to_new_connections(tmp_path: Path) -> None:
     first = write_pair(tmp_path, ["first"])
-    directory = CertificateDirectory(tmp_path)
-    server, port, _ = await serve(
-        fleet([session("task-42", "w-2")]),
-        credentials=tls_credentials(directory.current, directory),
-    )
+    server, port = await serve_tls_from(tmp_path)
     try:
         assert names_in(ssl.get_server_certificate(("127.0.0.1", port)).encode())[0] == "first"
         later = time.time() + 5  # a modification time that surely differs
