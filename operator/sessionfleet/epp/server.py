@@ -132,9 +132,7 @@ class Processor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         self.metrics.in_flight.inc()
         try:
             while True:
-                probe = self.settings.mode_probe_seconds or None
-                if not exchange.probing:
-                    probe = None
+                probe = (self.settings.mode_probe_seconds or None) if exchange.probing else None
                 message = await messages.next(probe)
                 if message is _ENDED:
                     break
