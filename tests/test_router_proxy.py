@@ -7,6 +7,7 @@ the same flows against a real API server with the router and engines as processe
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 from typing import Any
 
@@ -421,6 +422,37 @@ async def test_writes_are_spread_over_ticks(fleet: Fleet, http: aiohttp.ClientSe
     written = [fleet.kube.obj(SESSIONS.plural, session_object_name(f"burst-{n}")) for n in range(6)]
     assert all(obj["status"]["turns"] == 1 for obj in written)
     assert router.flusher.start_due(0.25) == 0
+
+
+async def test_a_ticks_writes_start_one_by_one_across_the_tick(
+    fleet: Fleet, http: aiohttp.ClientSession
+) -> None:
+    """Not in a burst: each waits its share of the tick after the one before it."""
+    await fleet.engine("w1")
+    url, router = await fleet.router()
+    answers = await asyncio.gather(
+        *(post(http, url, chat(opening()), {"X-Session-Id": f"paced-{n}"}) for n in range(4))
+    )
+    assert all(status == 200 for status, _, _ in answers)
+    loop = asyncio.get_running_loop()
+    sent_at: list[float] = []
+    patch = fleet.kube.patch
+
+    async def timed_patch(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        sent_at.append(loop.time())
+        return await patch(*args, **kwargs)
+
+    fleet.kube.patch = timed_patch  # type: ignore[method-assign]
+    # 8 writes per second and a 0.5 s tick: four due, one every 0.125 s.
+    pacing = asyncio.create_task(router.flusher.run(tick=0.5))
+    try:
+        async with asyncio.timeout(10):
+            while len(sent_at) < 4:
+                await asyncio.sleep(0.01)
+    finally:
+        pacing.cancel()
+    gaps = [later - earlier for earlier, later in itertools.pairwise(sent_at)]
+    assert all(gap >= 0.1 for gap in gaps), gaps
 
 
 async def test_a_lost_session_continues_on_a_ready_worker(

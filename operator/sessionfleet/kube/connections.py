@@ -9,7 +9,8 @@ that was a quarter of the operator's CPU while binding sessions (bench/README.md
 first served), takes the connection used last, and only that one is asked whether it
 is still open; connections idle for longer than ``keepalive`` seconds are closed as
 others come back. Connections are made by httpcore's own factory, so TLS and a proxy
-from the environment work as through httpx.
+from the environment work as through httpx, on asyncio's transports
+(:mod:`sessionfleet.kube.network`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from dataclasses import dataclass
 from urllib.parse import SplitResult, urlsplit
 
 import httpcore
+
+from sessionfleet.kube.network import AsyncioBackend
 
 Connect = Callable[[httpcore.Origin], httpcore.AsyncConnectionInterface]
 """Makes one connection to an origin (httpcore's factory; a benchmark's stand-in)."""
@@ -101,6 +104,7 @@ def factory(ssl_context: ssl.SSLContext, proxy: str | None, keepalive: float) ->
         ssl_context=ssl_context,
         proxy=httpcore.Proxy(proxy) if proxy else None,
         keepalive_expiry=keepalive,
+        network_backend=AsyncioBackend(),
     )
     return pool.create_connection
 
@@ -192,5 +196,7 @@ async def fetch_once(url: str, timeout: float) -> Answer:
         headers=[(b"Host", parts.netloc.encode()), (b"Accept-Encoding", b"gzip, deflate")],
         extensions={"timeout": dict.fromkeys(("connect", "read", "write", "pool"), timeout)},
     )
-    async with httpcore.AsyncHTTPConnection(origin, keepalive_expiry=0) as connection:
+    async with httpcore.AsyncHTTPConnection(
+        origin, keepalive_expiry=0, network_backend=AsyncioBackend()
+    ) as connection:
         return await _exchange(connection, request)

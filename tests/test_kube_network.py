@@ -1,0 +1,177 @@
+"""The API client's requests on asyncio's transports, over real TLS sockets.
+
+The API server is always reached over TLS; these tests put the client's network layer
+(:mod:`sessionfleet.kube.network`) in front of an aiohttp server that serves a
+certificate made for the test, and check what a user relies on: the certificate is
+verified, connections are kept and replaced, and every way a connection fails is an
+:class:`ApiUnavailable`, never a hang or a crash.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import ssl
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpcore
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from sessionfleet.certificates import self_signed
+from sessionfleet.kube import PODS, ApiUnavailable
+from sessionfleet.kube.client import Kube
+from sessionfleet.kube.config import KubeConfig
+from sessionfleet.kube.network import AsyncioBackend
+
+
+@pytest.fixture
+def certificate(tmp_path: Path) -> tuple[Path, Path]:
+    cert, key = self_signed("api", ["localhost"], ("127.0.0.1",), days=1)
+    (tmp_path / "tls.crt").write_bytes(cert)
+    (tmp_path / "tls.key").write_bytes(key)
+    return tmp_path / "tls.crt", tmp_path / "tls.key"
+
+
+@pytest.fixture
+async def tls_server(
+    certificate: tuple[Path, Path],
+) -> AsyncIterator[tuple[str, list[int]]]:
+    """Serve pods over TLS; answer with each request's client port."""
+    ports: list[int] = []
+
+    async def pod(request: web.Request) -> web.Response:
+        peer = request.transport.get_extra_info("peername") if request.transport else None
+        ports.append(int(peer[1]) if peer else 0)
+        name = request.match_info["name"]
+        if name == "slow":
+            await asyncio.sleep(30)
+        response = web.json_response({"metadata": {"name": name}, "padding": "x" * 200_000})
+        if name == "close":
+            response.force_close()
+        return response
+
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(*certificate)
+    app = web.Application()
+    app.router.add_get(PODS.path("ns") + "/{name}", pod)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server(ssl=context, keepalive_timeout=0.3)
+    yield f"https://127.0.0.1:{server.port}", ports
+    await server.close()
+
+
+def client(url: str, ca: Path | None, **kw: Any) -> Kube:
+    return Kube(KubeConfig(server=url, ca_file=str(ca) if ca else None), **kw)
+
+
+async def test_requests_over_tls_share_one_connection_and_read_large_answers(
+    tls_server: tuple[str, list[int]], certificate: tuple[Path, Path]
+) -> None:
+    url, ports = tls_server
+    async with client(url, certificate[0]) as kube:
+        for i in range(5):
+            pod = await kube.get(PODS, f"p{i}", "ns")
+            assert pod["metadata"]["name"] == f"p{i}" and len(pod["padding"]) == 200_000
+    assert len(ports) == 5 and len(set(ports)) == 1
+
+
+async def test_a_tls_connection_the_server_closed_is_replaced(
+    tls_server: tuple[str, list[int]], certificate: tuple[Path, Path]
+) -> None:
+    url, ports = tls_server
+    async with client(url, certificate[0]) as kube:
+        await kube.get(PODS, "close", "ns")
+        await kube.get(PODS, "after-close", "ns")
+        await asyncio.sleep(0.8)  # past the server's keep-alive timeout (0.3 s)
+        await kube.get(PODS, "after-idle", "ns")
+    assert len(set(ports)) == 3
+
+
+async def test_a_server_certificate_the_ca_did_not_sign_is_refused(
+    tls_server: tuple[str, list[int]],
+) -> None:
+    url, ports = tls_server
+    async with client(url, None) as kube:  # the system's CAs: not the test's
+        with pytest.raises(ApiUnavailable, match="CERTIFICATE_VERIFY_FAILED"):
+            await kube.get(PODS, "p", "ns")
+    assert ports == []
+
+
+async def test_an_answer_that_never_comes_is_a_read_timeout(
+    tls_server: tuple[str, list[int]], certificate: tuple[Path, Path]
+) -> None:
+    url, _ = tls_server
+    async with client(url, certificate[0], timeout=0.3) as kube:
+        with pytest.raises(ApiUnavailable, match="ReadTimeout"):
+            await kube.get(PODS, "slow", "ns")
+        # The connection that timed out is not reused: the next request is answered.
+        assert (await kube.get(PODS, "next", "ns"))["metadata"]["name"] == "next"
+
+
+async def test_a_server_that_accepts_and_never_shakes_hands_is_a_connect_timeout() -> None:
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen()
+    try:
+        stream = await AsyncioBackend().connect_tcp("127.0.0.1", silent.getsockname()[1])
+        with pytest.raises(httpcore.ConnectTimeout):
+            await stream.start_tls(ssl.create_default_context(), "localhost", timeout=0.3)
+    finally:
+        silent.close()
+
+
+async def test_nobody_listening_is_a_connect_error() -> None:
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()
+    async with Kube(KubeConfig(server=f"https://127.0.0.1:{port}")) as kube:
+        with pytest.raises(ApiUnavailable, match="ConnectError"):
+            await kube.get(PODS, "p", "ns")
+
+
+async def test_a_connection_reset_mid_answer_is_a_read_error() -> None:
+    """The server reads the request, then resets the connection without answering."""
+
+    async def reset(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        raw = writer.get_extra_info("socket")
+        raw.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+        writer.transport.abort()
+
+    server = await asyncio.start_server(reset, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        async with Kube(KubeConfig(server=f"http://127.0.0.1:{port}")) as kube:
+            with pytest.raises(ApiUnavailable, match="ReadError|RemoteProtocolError"):
+                await kube.get(PODS, "p", "ns")
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def test_a_write_that_cannot_drain_is_a_write_timeout() -> None:
+    """A peer that never reads: the request body fills the socket buffers and waits."""
+    held: list[asyncio.StreamWriter] = []
+
+    async def never_read(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.transport.pause_reading()
+        held.append(writer)
+
+    server = await asyncio.start_server(never_read, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    backend = AsyncioBackend()
+    try:
+        stream = await backend.connect_tcp("127.0.0.1", port, timeout=1)
+        with pytest.raises(httpcore.WriteTimeout):
+            await stream.write(b"x" * 64 * 1024 * 1024, timeout=0.3)
+        await stream.aclose()
+    finally:
+        for writer in held:
+            writer.close()
+        server.close()
+        await server.wait_closed()
