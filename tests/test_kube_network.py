@@ -10,6 +10,7 @@ verified, connections are kept and replaced, and every way a connection fails is
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 import ssl
 from collections.abc import AsyncIterator
@@ -22,7 +23,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from sessionfleet.certificates import self_signed
-from sessionfleet.kube import PODS, ApiUnavailable
+from sessionfleet.kube import PODS, ApiUnavailable, Forbidden, Gone
 from sessionfleet.kube.client import Kube
 from sessionfleet.kube.config import KubeConfig
 from sessionfleet.kube.network import AsyncioBackend
@@ -175,3 +176,122 @@ async def test_a_write_that_cannot_drain_is_a_write_timeout() -> None:
             writer.close()
         server.close()
         await server.wait_closed()
+
+
+def event(kind: str, name: str, version: int) -> bytes:
+    obj = {"metadata": {"name": name, "resourceVersion": str(version)}}
+    return json.dumps({"type": kind, "object": obj}).encode() + b"\n"
+
+
+@pytest.fixture
+async def watch_server(
+    certificate: tuple[Path, Path],
+) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+    """Serve a pod watch over TLS as the test's ``script`` says: chunks, then an ending."""
+    script: dict[str, Any] = {"chunks": [], "end": "close", "status": 200, "requests": []}
+
+    async def watch(request: web.Request) -> web.StreamResponse:
+        script["requests"].append(request)
+        if script["status"] != 200:
+            return web.json_response(
+                {"kind": "Status", "code": script["status"], "message": "denied"},
+                status=script["status"],
+            )
+        response = web.StreamResponse()
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        for chunk in script["chunks"]:
+            await response.write(chunk)
+            await asyncio.sleep(0.01)  # each chunk its own read
+        if script["end"] == "abort" and request.transport is not None:
+            request.transport.abort()  # mid-stream, without the final chunk
+            return response
+        await response.write_eof()
+        return response
+
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(*certificate)
+    app = web.Application()
+    app.router.add_get(PODS.path("ns"), watch)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server(ssl=context)
+    yield f"https://127.0.0.1:{server.port}", script
+    await server.close()
+
+
+async def collect(kube: Kube) -> list[tuple[str, str]]:
+    return [
+        (kind, obj["metadata"]["resourceVersion"])
+        async for kind, obj in kube.watch(PODS, "ns", resource_version="7")
+    ]
+
+
+async def test_watch_events_cut_anywhere_arrive_whole_in_order_until_the_server_ends(
+    watch_server: tuple[str, dict[str, Any]], certificate: tuple[Path, Path]
+) -> None:
+    url, script = watch_server
+    first = event("ADDED", "a", 8)
+    rest = event("BOOKMARK", "", 9) + event("MODIFIED", "a", 10)
+    end = len(first)
+    # Cut mid-event, just before a newline, after it, and across two events; a blank line.
+    script["chunks"] = [
+        first[:5],
+        first[5 : end - 1],
+        first[end - 1 :],
+        b"\n",
+        rest[:20],
+        rest[20:],
+    ]
+    async with client(url, certificate[0]) as kube:
+        assert await collect(kube) == [("ADDED", "8"), ("BOOKMARK", "9"), ("MODIFIED", "10")]
+    sent = script["requests"][0]
+    assert sent.query["watch"] == "1" and sent.query["resourceVersion"] == "7"
+    assert "Accept-Encoding" not in sent.headers  # events are not compressed
+
+
+async def test_an_expired_version_in_the_stream_is_gone(
+    watch_server: tuple[str, dict[str, Any]], certificate: tuple[Path, Path]
+) -> None:
+    url, script = watch_server
+    expired = {"kind": "Status", "code": 410, "message": "too old resource version"}
+    script["chunks"] = [
+        event("ADDED", "a", 8),
+        json.dumps({"type": "ERROR", "object": expired}).encode() + b"\n",
+    ]
+    async with client(url, certificate[0]) as kube:
+        with pytest.raises(Gone, match="too old"):
+            await collect(kube)
+
+
+async def test_a_refused_watch_is_the_refusal(
+    watch_server: tuple[str, dict[str, Any]], certificate: tuple[Path, Path]
+) -> None:
+    url, script = watch_server
+    script["status"] = 403
+    async with client(url, certificate[0]) as kube:
+        with pytest.raises(Forbidden, match="denied"):
+            await collect(kube)
+
+
+@pytest.mark.parametrize(
+    ("chunks", "message"),
+    [
+        ([event("ADDED", "a", 8), b'{"type": "MODIFIED", "obj'], "RemoteProtocolError"),
+        ([b"<html>a proxy's error page</html>\n"], "Expecting value"),
+    ],
+    ids=["connection-dropped-mid-event", "not-json"],
+)
+async def test_a_broken_watch_is_unavailable_after_the_events_it_carried(
+    watch_server: tuple[str, dict[str, Any]],
+    certificate: tuple[Path, Path],
+    chunks: list[bytes],
+    message: str,
+) -> None:
+    url, script = watch_server
+    script["chunks"], script["end"] = chunks, "abort"
+    seen: list[str] = []
+    async with client(url, certificate[0]) as kube:
+        with pytest.raises(ApiUnavailable, match=message):
+            async for kind, _ in kube.watch(PODS, "ns"):
+                seen.append(kind)
+    assert seen == (["ADDED"] if len(chunks) == 2 else [])

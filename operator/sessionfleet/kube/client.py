@@ -1,4 +1,4 @@
-"""A thin asynchronous Kubernetes API client over httpx.
+"""A thin asynchronous Kubernetes API client over httpcore.
 
 Only what the operator, router and agent need: get, list (chunked), create, patch
 (merge, strategic, JSON or apply; the object or its status), delete, evict and watch.
@@ -9,6 +9,7 @@ event loop: kopf handlers and the router call it directly.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import os
@@ -20,7 +21,6 @@ from urllib.parse import urlencode, urlsplit
 from urllib.request import getproxies, proxy_bypass
 
 import httpcore
-import httpx
 
 from sessionfleet.kube.config import KubeConfig
 from sessionfleet.kube.connections import (
@@ -45,6 +45,8 @@ _CONTENT_TYPES: dict[PatchType, str] = {
 FIELD_MANAGER = "sessionfleet"
 MAX_IN_FLIGHT = 64
 """Requests open at once per client (watches aside), as many connections kept open."""
+CONNECT_SECONDS = 10.0
+"""How long a new connection may take, TLS handshake included."""
 KEEPALIVE_SECONDS = 5.0
 """A connection idle for longer is closed (httpx's default)."""
 HOLD_WRITES_ENV = "SESSIONFLEET_TEST_HOLD_WRITES"
@@ -123,8 +125,12 @@ class Kube:
         self.write_timeout = write_timeout
         self._hold_writes = os.environ.get(HOLD_WRITES_ENV) if write_gate is not None else None
         self._server = config.server.rstrip("/")
-        self._timeout = httpx.Timeout(timeout, connect=10.0)
-        self._request_timeout = self._timeout.as_dict()
+        self._request_timeout = {
+            "connect": CONNECT_SECONDS,
+            "read": timeout,
+            "write": timeout,
+            "pool": timeout,
+        }
         self._base_headers = {
             "User-Agent": user_agent,
             "Accept": "application/json",
@@ -143,18 +149,9 @@ class Kube:
             size=max_in_flight,
             keepalive=KEEPALIVE_SECONDS,
         )
-        # Watches stream through httpx: one connection each for minutes, in a pool of
-        # their own, so that they never take the requests' connections nor wait for them.
-        self._http = httpx.AsyncClient(
-            base_url=config.server,
-            transport=httpx.AsyncHTTPTransport(
-                verify=context,
-                proxy=proxy,
-                limits=httpx.Limits(max_connections=None, max_keepalive_connections=8),
-            ),
-            timeout=self._timeout,
-            headers=self._base_headers,
-        )
+        # Watches stream on connections of their own, one each for minutes, so that
+        # they never take the requests' connections nor wait for them.
+        self._watch_connect = factory(context, proxy, 0.0)
 
     async def __aenter__(self) -> Kube:
         return self
@@ -164,15 +161,7 @@ class Kube:
 
     async def aclose(self) -> None:
         """Close the connections."""
-        await self._http.aclose()
         await self._requests.aclose()
-
-    def _headers(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
-        headers = {**self._base_headers, **(extra or {})}
-        token = self.config.bearer_token()
-        if token:
-            headers["Authorization"] = f"Bearer {token}"
-        return headers
 
     async def request(
         self,
@@ -412,32 +401,55 @@ class Kube:
             params["labelSelector"] = label_selector
         if field_selector:
             params["fieldSelector"] = field_selector
-        timeout = httpx.Timeout(timeout_seconds + 30, connect=10.0)
+        target = f"{self._prefix}{resource.path(namespace)}?{urlencode(params)}"
+        # No Accept-Encoding: a stream of small events is sent as it is.
+        headers = [(b"Host", self._host_header), (b"Accept", b"application/json")]
+        headers.append((b"User-Agent", self._base_headers["User-Agent"].encode()))
+        token = self.config.bearer_token()
+        if token:
+            headers.append((b"Authorization", f"Bearer {token}".encode()))
+        request = httpcore.Request(
+            b"GET",
+            url_at(self._origin, target),
+            headers=headers,
+            extensions={"timeout": {**self._request_timeout, "read": timeout_seconds + 30}},
+        )
+        connection = self._watch_connect(self._origin)
         try:
-            async with self._http.stream(
-                "GET",
-                resource.path(namespace),
-                params=params,
-                headers=self._headers(),
-                timeout=timeout,
-            ) as response:
-                if response.is_error:
-                    await response.aread()
-                    try:
-                        payload = response.json()
-                    except ValueError:
-                        payload = {}
-                    raise error_for(response.status_code, payload, "watch failed")
-                async for line in response.aiter_lines():
-                    if not line:
-                        continue
+            response = await connection.handle_async_request(request)
+            try:
+                if response.status >= 400:
+                    payload: dict[str, Any] = {}
+                    with contextlib.suppress(ValueError):
+                        payload = json.loads(await response.aread())
+                    raise error_for(response.status, payload, "watch failed")
+                async for line in _lines(response.aiter_stream()):
                     event = json.loads(line)
                     kind, obj = event.get("type", ""), event.get("object") or {}
                     if kind == "ERROR":
                         raise error_for(int(obj.get("code", 500)), obj, "watch error")
                     yield kind, obj
-        except httpx.HTTPError as error:
+            finally:
+                await response.aclose()
+        except TRANSPORT_ERRORS as error:
             raise ApiUnavailable(0, f"watch {resource.plural}: {error!r}") from error
+        except ValueError as error:  # not JSON: the stream is not the API server's
+            raise ApiUnavailable(0, f"watch {resource.plural}: {error}") from error
+        finally:
+            await connection.aclose()
+
+
+async def _lines(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """Yield the non-empty lines of a byte stream, however its chunks cut them."""
+    pending = b""
+    async for chunk in chunks:
+        pending += chunk
+        *lines, pending = pending.split(b"\n")
+        for line in lines:
+            if line.strip():
+                yield line
+    if pending.strip():
+        yield pending
 
 
 __all__ = ["Kube", "KubeError", "PatchType"]
