@@ -3,6 +3,7 @@ Envoy's order come from :mod:`epp_client`."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -54,16 +55,24 @@ def worker(
     }
 
 
+VERSIONS = itertools.count(1)
+
+
 def session(
     sid: str, worker: str | None, *, phase: str | None = "Bound", model: str = MODEL
 ) -> dict[str, Any]:
+    """An AgentSession as the API server returns it: each one a new resourceVersion."""
     status: dict[str, Any] = {}
     if worker:
         status["worker"] = worker
     if phase:
         status["phase"] = phase
     return {
-        "metadata": {"name": session_object_name(sid, None), "resourceVersion": "1", "uid": sid},
+        "metadata": {
+            "name": session_object_name(sid, None),
+            "resourceVersion": str(next(VERSIONS)),
+            "uid": sid,
+        },
         "spec": {"sessionId": sid, "model": model},
         "status": status,
     }

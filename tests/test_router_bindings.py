@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 from typing import Any
 
 from sessionfleet.fronts.bindings import BindingTable
@@ -35,8 +36,9 @@ def session(
     hint: str | None = None,
     bound: str | None = None,
     phase: str | None = None,
-    rv: str = "1",
+    rv: str | None = None,
 ) -> dict[str, Any]:
+    """An AgentSession as the API server returns it: each one a new resourceVersion."""
     spec: dict[str, Any] = {"sessionId": sid, "model": "m"}
     if hint:
         spec["workerHint"] = hint
@@ -45,7 +47,11 @@ def session(
         status["worker"] = bound
     if phase:
         status["phase"] = phase
-    return {"metadata": {"name": name, "resourceVersion": rv}, "spec": spec, "status": status}
+    version = rv if rv is not None else str(next(VERSIONS))
+    return {"metadata": {"name": name, "resourceVersion": version}, "spec": spec, "status": status}
+
+
+VERSIONS = itertools.count(1)
 
 
 def test_a_session_routes_by_hint_until_bound() -> None:
@@ -134,6 +140,21 @@ async def test_changes_wake_waiters() -> None:
     await asyncio.wait_for(waiter, 1)
     table.replace_sessions([])
     assert table.synced
+
+
+async def test_a_version_already_held_changes_nothing_and_wakes_nobody() -> None:
+    """The watch brings back the router's own usage write, applied from its answer."""
+    table = BindingTable()
+    written = session("n1", "s1", bound="w1", phase="Bound", rv="7")
+    held = table.apply_session(written)
+    waiter = asyncio.ensure_future(table.changed().wait())
+    await asyncio.sleep(0)
+    assert table.apply_session(written) is held
+    await asyncio.sleep(0)
+    assert not waiter.done() and table.pinned_sessions("w1") == 1
+    table.apply_session(session("n1", "s1", bound="w2", phase="Bound", rv="8"))
+    await asyncio.wait_for(waiter, 1)
+    assert table.pinned_sessions("w2") == 1 and table.pinned_sessions("w1") == 0
 
 
 def test_rendezvous_is_stable_and_moves_little() -> None:

@@ -179,6 +179,7 @@ def test_the_table_keeps_the_migrating_sessions_apart() -> None:
     table.apply_session(migrating("a"))
     table.apply_session(migrating("b"))
     bound = migrating("b")
+    bound["metadata"]["resourceVersion"] = "2"
     bound["status"] = {"phase": "Bound", "worker": "w"}
     table.apply_session(bound)  # bound again: no longer Migrating
     assert [s.name for s in table.migrating_sessions()] == ["a"]

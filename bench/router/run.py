@@ -31,6 +31,7 @@ import argparse
 import json
 import math
 import os
+import resource
 import shutil
 import signal
 import socket
@@ -189,6 +190,19 @@ def cpu_seconds(pid: int) -> float:
     """User plus system CPU time a process has used, from /proc."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def machine_cpu_seconds() -> float:
+    """CPU time all of the machine's cores have been busy (not idle nor waiting), from /proc."""
+    fields = [int(value) for value in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle, iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def children_cpu_seconds() -> float:
+    """User plus system CPU time of this process's children that have ended (the load tool)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def router_added_mean_ms(url: str) -> tuple[float, float]:
@@ -440,6 +454,7 @@ def main() -> int:
                     for where in paths:
                         via = routers.get(where, router)
                         cpu_before = cpu_seconds(engine.pid), cpu_seconds(via.pid)
+                        machine_before, tool_before = machine_cpu_seconds(), children_cpu_seconds()
                         result = attack(
                             tool,
                             files[where],
@@ -456,6 +471,15 @@ def main() -> int:
                         )
                         sample["router_cpu_us"] = round(
                             1e6 * (cpu_seconds(via.pid) - cpu_before[1]) / requests, 1
+                        )
+                        # Closed loops are bound by the two cores: throughput follows the
+                        # whole machine's CPU per request (the load tool's, the kernel's,
+                        # the API server's), not the router's alone.
+                        sample["machine_cpu_us"] = round(
+                            1e6 * (machine_cpu_seconds() - machine_before) / requests, 1
+                        )
+                        sample["tool_cpu_us"] = round(
+                            1e6 * (children_cpu_seconds() - tool_before) / requests, 1
                         )
                         samples[where].append(sample)
                 for where, runs_of in samples.items():
@@ -491,7 +515,10 @@ def main() -> int:
                     f"p99 {row['added_p99_ms']:+.2f} ms | cpu/request engine "
                     f"{row['direct']['engine_cpu_us']:.0f} us, router "
                     f"{row['router']['router_cpu_us']:.0f} us (own time "
-                    f"{row['router_self_mean_ms']} ms)",
+                    f"{row['router_self_mean_ms']} ms) | machine cpu/request direct "
+                    f"{row['direct']['machine_cpu_us']:.0f} us, router "
+                    f"{row['router']['machine_cpu_us']:.0f} us; load tool "
+                    f"{row['direct']['tool_cpu_us']:.0f} / {row['router']['tool_cpu_us']:.0f} us",
                     flush=True,
                 )
                 if "baseline" in row:

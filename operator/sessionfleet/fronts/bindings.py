@@ -304,7 +304,21 @@ class BindingTable:
             del self._by_model[view.model]
 
     def apply_session(self, obj: Mapping[str, Any]) -> SessionView:
-        """Add or update a session from its object."""
+        """Add or update a session from its object.
+
+        The version already held is kept as it is, waking nobody: that is the watch
+        bringing back this replica's own write, whose answer was applied already (every
+        usage write comes back so; the versions are compared for equality only, as
+        they are opaque).
+        """
+        meta = obj.get("metadata") or {}
+        held = self._sessions.get(str(meta.get("name", "")))
+        if (
+            held is not None
+            and held.resource_version
+            and (held.resource_version == str(meta.get("resourceVersion", "")))
+        ):
+            return held
         view = SessionView.from_object(obj)
         self._drop_session(view.name)
         self._add_session(view)
