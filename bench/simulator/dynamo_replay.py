@@ -4,9 +4,11 @@ Runs in a throwaway virtual environment, never the project's (bench/README.md):
 ``python dynamo_replay.py TRACE.jsonl WORKERS BLOCKS_PER_WORKER [options]``. Engines are
 Dynamo's mocker with 512-token blocks, ``BLOCKS_PER_WORKER`` of them each; offline
 (virtual clock). The options separate the causes of the gap to our simulator
-(docs/simulator.md): ``--speedup-ratio`` makes the mocker's engine that many times faster,
-``--arrival-speedup-ratio`` below 1 slows the trace's arrivals, and ``--no-active-blocks``
-takes the in-flight blocks out of the KV router's cost (overlap and prefill load only).
+(docs/simulator.md): ``--speedup-ratio`` makes the mocker's engine that many times faster
+(``--decode-speedup-ratio`` its decode steps alone); ``--arrival-speedup-ratio`` below 1
+slows the trace's arrivals; ``--no-active-blocks`` takes the in-flight blocks out of the
+KV router's cost (overlap and prefill load only); ``--overlap-credit`` weighs each cached
+block as that many prompt blocks (Dynamo's default: 1).
 """
 
 import argparse
@@ -27,8 +29,10 @@ def main() -> None:
     parser.add_argument("workers", type=int)
     parser.add_argument("blocks", type=int, help="KV blocks of 512 tokens per worker")
     parser.add_argument("--speedup-ratio", type=float, default=1.0)
+    parser.add_argument("--decode-speedup-ratio", type=float, default=1.0)
     parser.add_argument("--arrival-speedup-ratio", type=float, default=1.0)
     parser.add_argument("--no-active-blocks", action="store_true")
+    parser.add_argument("--overlap-credit", type=float, default=1.0)
     parser.add_argument("--modes", default="round_robin,kv_router")
     args = parser.parse_args()
     engine = {
@@ -36,9 +40,15 @@ def main() -> None:
             "num_gpu_blocks": args.blocks,
             "block_size": 512,
             "speedup_ratio": args.speedup_ratio,
+            "decode_speedup_ratio": args.decode_speedup_ratio,
         }
     }
-    router = KvRouterConfig(router_track_active_blocks=False) if args.no_active_blocks else None
+    router = None  # Dynamo's defaults unless a router option is given
+    if args.no_active_blocks or args.overlap_credit != 1.0:
+        router = KvRouterConfig(
+            router_track_active_blocks=not args.no_active_blocks,
+            overlap_score_credit=args.overlap_credit,
+        )
     for mode in args.modes.split(","):
         started = time.time()
         report = run_trace_replay(
