@@ -1,9 +1,11 @@
 """An ext_proc v3 client that plays Envoy's part against an Endpoint Picker.
 
-Shared by the unit tests (``tests/test_epp_server.py``, against an in-process server)
-and the e2e test (``e2e/test_epp.py``, against a ``sessionfleet epp`` process). It
-imports only the Envoy protos, gRPC and protobuf, so both can import it: the unit tests
-as ``epp_client``, the e2e suite as ``tests.epp_client``.
+Shared by the unit tests (``tests/test_epp_server.py``, against an in-process server),
+the e2e test (``e2e/test_epp.py``, against a ``sessionfleet epp`` process) and the
+benchmarks (``bench/epp/run.py``; ``bench/epp/gateway.py``, a stand-in for Envoy that
+drives a :class:`Stream` per HTTP request). It imports only the Envoy protos, gRPC and
+protobuf, so all can import it: the unit tests as ``epp_client``, the others as
+``tests.epp_client``.
 
 The messages and their order follow what Envoy's ext_proc filter sends for an HTTP
 request to an ``InferencePool`` under the Gateway API Inference Extension's Endpoint
