@@ -192,6 +192,14 @@ bench-router-inference-perf: e2e-tools $(STAMP)
 	$(PY) bench/router/run.py --load-tool inference-perf --out build/bench-router-inference-perf.json \
 		$(BENCH_LOADTOOL_ARGS)
 
+# The same, with a third path: the Endpoint Picker (`sessionfleet epp`) behind a stand-in for
+# Envoy (bench/epp/gateway.py, Python: its CPU is reported apart from the EPP's), direct,
+# router and EPP alternating in one run (bench/README.md, "The EPP path under inference-perf").
+.PHONY: bench-epp-inference-perf
+bench-epp-inference-perf: e2e-tools $(STAMP)
+	$(PY) bench/router/run.py --load-tool inference-perf --epp \
+		--out build/bench-epp-inference-perf.json $(BENCH_LOADTOOL_ARGS)
+
 # The router's fuzz suite at scale (bench/README.md, "Fuzzing"): 100,000 random cases of
 # raw bytes, hostile headers and mutated bodies; make test runs 5,000 fixed ones.
 #   make bench-fuzz FUZZ_EXAMPLES=300000

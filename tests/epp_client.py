@@ -1,9 +1,11 @@
 """An ext_proc v3 client that plays Envoy's part against an Endpoint Picker.
 
-Shared by the unit tests (``tests/test_epp_server.py``, against an in-process server)
-and the e2e test (``e2e/test_epp.py``, against a ``sessionfleet epp`` process). It
-imports only the Envoy protos, gRPC and protobuf, so both can import it: the unit tests
-as ``epp_client``, the e2e suite as ``tests.epp_client``.
+Shared by the unit tests (``tests/test_epp_server.py``, against an in-process server),
+the e2e test (``e2e/test_epp.py``, against a ``sessionfleet epp`` process) and the
+benchmarks (``bench/epp/run.py``; ``bench/epp/gateway.py``, a stand-in for Envoy that
+drives a :class:`Stream` per HTTP request). It imports only the Envoy protos, gRPC and
+protobuf, so all can import it: the unit tests as ``epp_client``, the others as
+``tests.epp_client``.
 
 The messages and their order follow what Envoy's ext_proc filter sends for an HTTP
 request to an ``InferencePool`` under the Gateway API Inference Extension's Endpoint
@@ -181,6 +183,8 @@ class Turn:
     """The request headers the EPP removed (Envoy drops them before the upstream)."""
     immediate: tuple[int, dict[str, str], dict[str, Any]] | None = None
     upstream: Upstream | None = None
+    sent: bytes = b""
+    """The request body Envoy forwards: the EPP's echo in ``FULL_DUPLEX_STREAMED``."""
     body: bytes = b""
     """The response body the client got (echoed by the EPP in ``FULL_DUPLEX_STREAMED``)."""
 
@@ -196,10 +200,9 @@ class Envoy:
         self.stub = pb_grpc.ExternalProcessorStub(channel)
         self.timeout = timeout
 
-    async def _read(self, call: Any) -> Any:
-        answer = await asyncio.wait_for(call.read(), self.timeout)
-        assert answer is not grpc.aio.EOF, "the EPP ended the stream early"
-        return answer
+    def open(self, mode: int = MODES.FULL_DUPLEX_STREAMED) -> Stream:
+        """Open one request's stream, to drive step by step (:class:`Stream`)."""
+        return Stream(self.stub.Process(), mode, self.timeout)
 
     async def turn(
         self,
@@ -218,8 +221,73 @@ class Envoy:
         ``announce=False`` sends no ``protocol_config``, as Envoy before 1.34 does; in
         ``BUFFERED`` mode the EPP then decides at the headers (its mode probe).
         """
-        call = self.stub.Process()
-        turn = Turn()
+        stream = self.open(mode)
+        turn = await stream.request(
+            headers, body, chunk=chunk, subset=subset, authority=authority, announce=announce
+        )
+        if turn.immediate is not None:
+            return await stream.close(turn)
+        upstream = await forward(turn.destination[0], upstream_headers(headers, turn), turn.sent)
+        turn.upstream = upstream
+        await stream.response_headers(upstream.status, upstream.headers, turn.destination[0])
+        chunks = upstream.chunks or [b""]
+        if mode == MODES.FULL_DUPLEX_STREAMED:
+            for i, piece in enumerate(chunks):
+                turn.body += await stream.response_chunk(piece, i == len(chunks) - 1)
+        else:
+            turn.body = await stream.response_chunk(b"".join(chunks), True)
+        return await stream.close(turn)
+
+
+def upstream_headers(headers: dict[str, str], turn: Turn) -> dict[str, str]:
+    """Return the request headers Envoy sends upstream: the client's, as the EPP mutated them."""
+    out = {k: v for k, v in headers.items() if not k.startswith(":") and k.lower() != "host"}
+    for name in turn.removed:
+        out = {k: v for k, v in out.items() if k.lower() != name}
+    out.update(turn.mutations)
+    out.pop(DESTINATION, None)
+    out["content-type"] = "application/json"
+    return out
+
+
+class Stream:
+    """One request's ext_proc stream, driven step by step in Envoy's order (the module's).
+
+    :meth:`Envoy.turn` runs the steps for a whole upstream answer at once; a gateway
+    stand-in (``bench/epp/gateway.py``) runs them as the upstream's answer arrives:
+    :meth:`request` (the decision), then, after sending the request to
+    ``turn.destination[0]``, :meth:`response_headers`, :meth:`response_chunk` per chunk
+    and :meth:`close`.
+    """
+
+    def __init__(self, call: Any, mode: int, timeout: float) -> None:
+        if mode not in (MODES.FULL_DUPLEX_STREAMED, MODES.BUFFERED):
+            raise ValueError(f"body mode {mode} is not replayed here")
+        self.call = call
+        self.mode = mode
+        self.timeout = timeout
+
+    async def _read(self) -> Any:
+        answer = await asyncio.wait_for(self.call.read(), self.timeout)
+        assert answer is not grpc.aio.EOF, "the EPP ended the stream early"
+        return answer
+
+    async def request(
+        self,
+        headers: dict[str, str],
+        body: bytes,
+        *,
+        chunk: int = 64,
+        subset: list[str] | None = None,
+        authority: str = "gateway.local",
+        announce: bool = True,
+    ) -> Turn:
+        """Send the request's headers and body; return the EPP's decision as a :class:`Turn`.
+
+        ``turn.immediate`` is set when the EPP answered itself (then only :meth:`close`
+        is left); else ``turn.destination`` and ``turn.sent``, the body to forward.
+        """
+        call, mode, turn = self.call, self.mode, Turn()
         first = request_headers(
             {
                 ":authority": authority,
@@ -237,78 +305,74 @@ class Envoy:
             pieces = [body[i : i + chunk] for i in range(0, len(body), chunk)] or [b""]
             for i, piece in enumerate(pieces):
                 await call.write(request_body(piece, i == len(pieces) - 1))
-            answer = await self._read(call)
-            if self._ended(turn, answer):
-                return await self._close(call, turn)
+            answer = await self._read()
+            if _ended(turn, answer):
+                return turn
             assert answer.WhichOneof("response") == "request_headers", answer
-            self._decided(turn, answer)
-            sent = b"".join([streamed_body(await self._read(call), "request_body") for _ in pieces])
-        elif mode == MODES.BUFFERED:
-            answer = await self._read(call)
-            if self._ended(turn, answer):
-                return await self._close(call, turn)
-            assert answer.WhichOneof("response") == "request_headers", answer
-            at_headers = DESTINATION in set_headers(answer.request_headers.response)
-            if at_headers:
-                self._decided(turn, answer)
-            await call.write(request_body(body, True))
-            answer = await self._read(call)
-            if self._ended(turn, answer):
-                return await self._close(call, turn)
-            assert answer.WhichOneof("response") == "request_body", answer
-            if not at_headers:
-                self._decided(turn, answer)
-            sent = body
-        else:
-            raise ValueError(f"body mode {mode} is not replayed here")
-
-        upstream_headers = {
-            k: v for k, v in headers.items() if not k.startswith(":") and k.lower() != "host"
-        }
-        for name in turn.removed:
-            upstream_headers = {k: v for k, v in upstream_headers.items() if k.lower() != name}
-        upstream_headers.update(turn.mutations)
-        upstream_headers.pop(DESTINATION, None)
-        upstream_headers["content-type"] = "application/json"
-        upstream = await forward(turn.destination[0], upstream_headers, sent)
-        turn.upstream = upstream
-        await call.write(
-            response_headers(upstream.status, served=turn.destination[0], headers=upstream.headers)
-        )
-        answer = await self._read(call)
-        assert answer.WhichOneof("response") == "response_headers", answer
-        chunks = upstream.chunks or [b""]
-        if mode == MODES.FULL_DUPLEX_STREAMED:
-            for i, piece in enumerate(chunks):
-                await call.write(response_body(piece, i == len(chunks) - 1))
-                turn.body += streamed_body(await self._read(call), "response_body")
-        else:
-            await call.write(response_body(b"".join(chunks), True))
-            answer = await self._read(call)
-            assert answer.WhichOneof("response") == "response_body", answer
-            turn.body = b"".join(chunks)
-        return await self._close(call, turn)
-
-    def _ended(self, turn: Turn, answer: Any) -> bool:
-        if answer.WhichOneof("response") != "immediate_response":
-            return False
-        turn.immediate = immediate_of(answer)
-        return True
-
-    def _decided(self, turn: Turn, answer: Any) -> None:
-        header, metadata = destination_of(answer)
-        assert header == metadata, (header, metadata)  # the protocol: always the same value
-        turn.destination = header.split(",")
-        kind = answer.WhichOneof("response")
-        common = getattr(answer, kind).response
-        turn.mutations = set_headers(common)
-        turn.removed = [name.lower() for name in common.header_mutation.remove_headers]
-
-    async def _close(self, call: Any, turn: Turn) -> Turn:
-        await call.done_writing()
-        assert await asyncio.wait_for(call.read(), self.timeout) == grpc.aio.EOF
-        assert await call.code() == grpc.StatusCode.OK
+            _decided(turn, answer)
+            turn.sent = b"".join(
+                [streamed_body(await self._read(), "request_body") for _ in pieces]
+            )
+            return turn
+        answer = await self._read()
+        if _ended(turn, answer):
+            return turn
+        assert answer.WhichOneof("response") == "request_headers", answer
+        at_headers = DESTINATION in set_headers(answer.request_headers.response)
+        if at_headers:
+            _decided(turn, answer)
+        await call.write(request_body(body, True))
+        answer = await self._read()
+        if _ended(turn, answer):
+            return turn
+        assert answer.WhichOneof("response") == "request_body", answer
+        if not at_headers:
+            _decided(turn, answer)
+        turn.sent = body
         return turn
+
+    async def response_headers(self, status: int, headers: dict[str, str], served: str) -> None:
+        """Send the upstream's response headers, with the endpoint that ``served`` it."""
+        await self.call.write(response_headers(status, served=served, headers=headers))
+        answer = await self._read()
+        assert answer.WhichOneof("response") == "response_headers", answer
+
+    async def response_chunk(self, data: bytes, end: bool) -> bytes:
+        """Send a piece of the response body; return what Envoy passes on to the client.
+
+        ``FULL_DUPLEX_STREAMED``: the chunk the EPP sends back. ``BUFFERED``: the whole
+        body, in one call with ``end``, passed on as it was.
+        """
+        await self.call.write(response_body(data, end))
+        if self.mode == MODES.FULL_DUPLEX_STREAMED:
+            return streamed_body(await self._read(), "response_body")
+        answer = await self._read()
+        assert answer.WhichOneof("response") == "response_body", answer
+        return data
+
+    async def close(self, turn: Turn) -> Turn:
+        """End the stream (half-close) and check the EPP ends the call cleanly."""
+        await self.call.done_writing()
+        assert await asyncio.wait_for(self.call.read(), self.timeout) == grpc.aio.EOF
+        assert await self.call.code() == grpc.StatusCode.OK
+        return turn
+
+
+def _ended(turn: Turn, answer: Any) -> bool:
+    if answer.WhichOneof("response") != "immediate_response":
+        return False
+    turn.immediate = immediate_of(answer)
+    return True
+
+
+def _decided(turn: Turn, answer: Any) -> None:
+    header, metadata = destination_of(answer)
+    assert header == metadata, (header, metadata)  # the protocol: always the same value
+    turn.destination = header.split(",")
+    kind = answer.WhichOneof("response")
+    common = getattr(answer, kind).response
+    turn.mutations = set_headers(common)
+    turn.removed = [name.lower() for name in common.header_mutation.remove_headers]
 
 
 async def tls_channel(port: int, host: str = "127.0.0.1") -> grpc.aio.Channel:

