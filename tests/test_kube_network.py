@@ -10,9 +10,13 @@ verified, connections are kept and replaced, and every way a connection fails is
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import socket
 import ssl
+import threading
+import time
+import warnings
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -295,3 +299,48 @@ async def test_a_broken_watch_is_unavailable_after_the_events_it_carried(
             async for kind, _ in kube.watch(PODS, "ns"):
                 seen.append(kind)
     assert seen == (["ADDED"] if len(chunks) == 2 else [])
+
+
+def test_a_client_closed_as_its_loop_ends_leaves_no_socket_open(
+    certificate: tuple[Path, Path],
+) -> None:
+    """``asyncio.run(...)`` around a client, as a script or a test does: the TLS
+    connection is closed when the client is, not left waiting for the server's own
+    close_notify (which this server, like a busy one, never sends) when the loop ends."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(*certificate)
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    answer = b'{"metadata": {"name": "p"}}'
+
+    def serve_one_and_stay_silent() -> None:
+        raw, _ = listener.accept()
+        with context.wrap_socket(raw, server_side=True) as conn:
+            request = b""
+            while b"\r\n\r\n" not in request:
+                request += conn.recv(4096)
+            conn.sendall(
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                + f"Content-Length: {len(answer)}\r\n\r\n".encode()
+                + answer
+            )
+            time.sleep(2)  # holding the connection, answering nothing more
+
+    server = threading.Thread(target=serve_one_and_stay_silent, daemon=True)
+    server.start()
+
+    async def one_request() -> str:
+        url = f"https://127.0.0.1:{listener.getsockname()[1]}"
+        async with client(url, certificate[0]) as kube:
+            return str((await kube.get(PODS, "p", "ns"))["metadata"]["name"])
+
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert asyncio.run(one_request()) == "p"
+            gc.collect()
+        assert [str(w.message) for w in caught if w.category is ResourceWarning] == []
+    finally:
+        server.join()
+        listener.close()

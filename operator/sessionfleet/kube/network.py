@@ -13,6 +13,7 @@ httpcore's (its exceptions, raised for the same causes).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import ssl
 from collections.abc import Iterable
@@ -24,6 +25,10 @@ SocketOption = (
     tuple[int, int, int] | tuple[int, int, bytes | bytearray] | tuple[int, int, None, int]
 )
 """A ``setsockopt`` argument list, as httpcore's backends take them."""
+
+CLOSE_SECONDS = 1.0
+"""The most a close waits for the transport to say its socket is closed (it takes one
+turn of the loop)."""
 
 READ_ERRORS: tuple[type[BaseException], ...] = (OSError, asyncio.IncompleteReadError)
 """What a broken connection raises from a read or a write (ssl.SSLError is an OSError)."""
@@ -60,8 +65,18 @@ class AsyncioStream(httpcore.AsyncNetworkStream):
             raise httpcore.WriteError(str(error) or repr(error)) from error
 
     async def aclose(self) -> None:
-        """Close the connection without waiting for the peer (TLS close_notify included)."""
-        self._writer.close()
+        """Close the connection now, and return once its socket is closed.
+
+        Not ``close()``: on a TLS transport that sends close_notify and keeps the socket
+        open until the server answers in kind (up to 30 s), so a client closed just
+        before its loop ends (``asyncio.run``) left the socket open. HTTP/1.1 frames
+        every answer, so nothing read depends on a TLS shutdown (as anyio's stream
+        closes for httpcore: ``standard_compatible=False``).
+        """
+        self._writer.transport.abort()
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(CLOSE_SECONDS):
+                await self._writer.wait_closed()
 
     async def start_tls(
         self,
@@ -74,10 +89,10 @@ class AsyncioStream(httpcore.AsyncNetworkStream):
             async with asyncio.timeout(timeout):
                 await self._writer.start_tls(ssl_context, server_hostname=server_hostname)
         except TimeoutError as error:
-            self._writer.close()
+            self._writer.transport.abort()
             raise httpcore.ConnectTimeout(str(error) or "TLS handshake timed out") from error
         except READ_ERRORS as error:
-            self._writer.close()
+            self._writer.transport.abort()
             raise httpcore.ConnectError(str(error) or repr(error)) from error
         return self
 
