@@ -198,7 +198,9 @@ def test_two_of_three_nodes_not_ready_move_at_most_the_configured_workers(
     ready_workers(crs, 3, operator)
     # New epochs may run on any of the test's nodes; the NotReady ones are tainted
     # not-ready by the node lifecycle controller, so they land on the healthy one.
-    pool = {"e2e.sessionfleet.dev/pool": namespace}
+    # (A merge patch: null removes the first epochs' pin to one node, or a moved worker's
+    # new pod could only go back to its NotReady node and never be Ready.)
+    pool = {"e2e.sessionfleet.dev/pool": namespace, "kubernetes.io/hostname": None}
     for i in range(3):
         crs.patch("inferenceworkers", f"w{i}", {"spec": {"template": {"nodeSelector": pool}}})
     for node in three_own_nodes[:2]:

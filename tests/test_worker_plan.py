@@ -131,6 +131,33 @@ def test_recovering_lasts_until_the_new_pod_is_ready() -> None:
     assert plan.phase is WorkerPhase.READY
 
 
+@pytest.mark.parametrize(
+    "cause", [Reason.NODE_NOT_READY, Reason.POD_FAILED, Reason.POD_DELETED, Reason.NEW_EPOCH]
+)
+def test_the_cause_of_a_recovery_stays_its_reason_until_the_new_pod_is_ready(
+    cause: Reason,
+) -> None:
+    """The cap on moves off NotReady nodes counts NodeNotReady recoveries until Ready."""
+    recovering = {
+        "epoch": 2,
+        "pod": "w-2",
+        "phase": "Recovering",
+        "conditions": [
+            {
+                "type": "Recovering",
+                "status": "True",
+                "reason": cause.value,
+                "message": "pod w-1 lost",
+                "lastTransitionTime": "2026-11-29T11:59:00Z",
+            }
+        ],
+    }
+    plan = observe(recovering, [ready_pod(2, ready=False)])
+    assert condition(plan, ConditionType.RECOVERING) == ("True", cause)
+    plan = observe(recovering, [ready_pod(2)])
+    assert condition(plan, ConditionType.RECOVERING) == ("False", Reason.POD_READY)
+
+
 def test_a_stale_status_never_deletes_a_newer_pod() -> None:
     # The status still says epoch 1 but epoch 2's pod exists: our own write is in flight.
     plan = observe({"epoch": 1, "pod": "w-1", "phase": "Ready"}, [ready_pod(2)])

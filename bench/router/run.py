@@ -44,6 +44,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -152,6 +153,18 @@ def targets(work: Path, base: str, body: Path, sessions: int, tag: str) -> Path:
     return path
 
 
+CPUS: dict[str, set[int]] = {}
+"""With ``--pin``: the CPUs each role runs on ("tool", "engine", "router"); empty: anywhere."""
+
+
+def pinned(role: str) -> Callable[[], None] | None:
+    """Return a ``preexec_fn`` that keeps a child process on its role's CPUs, if pinned."""
+    cpus = CPUS.get(role)
+    if not cpus:
+        return None
+    return lambda: os.sched_setaffinity(0, cpus)
+
+
 def attack(
     tool: Path, target_file: Path, *, rate: int, concurrency: int, duration: float
 ) -> dict[str, Any]:
@@ -168,7 +181,7 @@ def attack(
         argv += [f"-rate={rate}/s"]
     else:
         argv += ["-rate=0", f"-workers={concurrency}", f"-max-workers={concurrency}"]
-    attack_run = subprocess.run(argv, check=True, capture_output=True)
+    attack_run = subprocess.run(argv, check=True, capture_output=True, preexec_fn=pinned("tool"))
     report = subprocess.run(
         [str(tool), "report", "-type=json"],
         input=attack_run.stdout,
@@ -344,7 +357,17 @@ def main() -> int:
     parser.add_argument("--tokenizer", type=Path, default=tokenizer, help="for inference-perf")
     # The EPP path too (bench/README.md, "The EPP path under inference-perf").
     parser.add_argument("--epp", action="store_true", help="also the EPP behind an Envoy stand-in")
+    parser.add_argument(
+        "--pin",
+        action="store_true",
+        help="the load tool and the engine on CPU 0, the routers on CPU 1 (as a router "
+        "replica has its own cores in a cluster; direct gets the same CPU 0)",
+    )
     args = parser.parse_args()
+    if args.pin:
+        if len(os.sched_getaffinity(0)) < 2:
+            parser.error("--pin needs two CPUs")
+        CPUS.update(tool={0}, engine={0}, router={1})
     if args.engine_url and args.load_tool != "inference-perf":
         parser.error(
             "--engine-url needs --load-tool inference-perf (vegeta reads the engine's CPU)"
@@ -404,6 +427,7 @@ def main() -> int:
                 env=env,
                 stdout=subprocess.DEVNULL,
                 stderr=(logs / "engine.log").open("wb"),
+                preexec_fn=pinned("engine"),
             )
             processes.append(engine)
             direct = f"http://127.0.0.1:{engine_port}"
@@ -455,6 +479,7 @@ def main() -> int:
                 env=router_env,
                 stdout=subprocess.DEVNULL,
                 stderr=(logs / f"{name}.log").open("wb"),
+                preexec_fn=pinned("router"),
             )
             processes.append(process)
             wait_http(f"http://127.0.0.1:{port}/readyz", process)

@@ -378,9 +378,30 @@ def _recovering_condition(facts: _Facts, still_recovering: bool, reason: Reason)
     return ConditionPlan(
         ConditionType.RECOVERING,
         ConditionStatus.TRUE if still_recovering else ConditionStatus.FALSE,
-        Reason.NEW_EPOCH if still_recovering else reason,
+        _recovery_cause(facts.obs.status) if still_recovering else reason,
         f"waiting for pod {pod_name(facts.obs.name, facts.epoch)}" if still_recovering else "",
     )
+
+
+RECOVERY_CAUSES: Final = frozenset({Reason.POD_DELETED, Reason.POD_FAILED, Reason.NODE_NOT_READY})
+
+
+def _recovery_cause(status: InferenceWorkerStatus) -> Reason:
+    """Return why the worker is recovering, as its status says: kept until it is Ready.
+
+    The cause stays the condition's reason while the new epoch's pod starts, not only in
+    the write that started it: the cap on workers moving off NotReady nodes counts those
+    whose reason is NodeNotReady until they are Ready (controllers/loop.py), and a
+    reason replaced as soon as the new pod existed let the next worker move early.
+    """
+    for condition in status.conditions:
+        if (
+            condition.type is ConditionType.RECOVERING
+            and condition.status is ConditionStatus.TRUE
+            and condition.reason in RECOVERY_CAUSES
+        ):
+            return Reason(condition.reason)
+    return Reason.NEW_EPOCH
 
 
 @dataclass(frozen=True, slots=True)
