@@ -183,6 +183,12 @@ BENCH_HEADS_ARGS ?=
 bench-router-heads: $(STAMP)
 	$(PY) bench/router/heads.py --out build/bench-router-heads.json $(BENCH_HEADS_ARGS)
 
+# What one usage write costs the router, kube-apiserver and etcd, in CPU per write
+# (bench/README.md, "Router: the tail"), against the local control plane.
+.PHONY: bench-usage-writes
+bench-usage-writes: e2e-tools $(STAMP)
+	$(PY) bench/router/usage_writes.py
+
 # The router driven by kubernetes-sigs' inference-perf (bench/README.md, "Router under
 # inference-perf"), direct and routed in one run; installs the tool (Python >= 3.12) into
 # ~/.cache/sessionfleet/loadtool/ with bench/loadtool/install.sh (PYTHON picks it).
