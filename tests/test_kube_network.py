@@ -28,6 +28,7 @@ from aiohttp.test_utils import TestServer
 
 from sessionfleet.certificates import self_signed
 from sessionfleet.kube import PODS, ApiUnavailable, Forbidden, Gone
+from sessionfleet.kube import client as kube_client
 from sessionfleet.kube.client import Kube
 from sessionfleet.kube.config import KubeConfig
 from sessionfleet.kube.network import AsyncioBackend
@@ -282,17 +283,21 @@ async def test_a_refused_watch_is_the_refusal(
     [
         ([event("ADDED", "a", 8), b'{"type": "MODIFIED", "obj'], "RemoteProtocolError"),
         ([b"<html>a proxy's error page</html>\n"], "Expecting value"),
+        ([b"[1, 2]\n"], "a watch event is an object"),
+        ([b"x" * 4096] * 3, "a watch event over 10000 bytes"),
     ],
-    ids=["connection-dropped-mid-event", "not-json"],
+    ids=["connection-dropped-mid-event", "not-json", "not-an-object", "endless-line"],
 )
 async def test_a_broken_watch_is_unavailable_after_the_events_it_carried(
     watch_server: tuple[str, dict[str, Any]],
     certificate: tuple[Path, Path],
     chunks: list[bytes],
     message: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     url, script = watch_server
     script["chunks"], script["end"] = chunks, "abort"
+    monkeypatch.setattr(kube_client, "MAX_EVENT_BYTES", 10_000)
     seen: list[str] = []
     async with client(url, certificate[0]) as kube:
         with pytest.raises(ApiUnavailable, match=message):

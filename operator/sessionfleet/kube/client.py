@@ -47,6 +47,8 @@ MAX_IN_FLIGHT = 64
 """Requests open at once per client (watches aside), as many connections kept open."""
 CONNECT_SECONDS = 10.0
 """How long a new connection may take, TLS handshake included."""
+MAX_EVENT_BYTES = 64 * 1024 * 1024
+"""The longest watch event read (etcd refuses objects over 1.5 MiB by default)."""
 KEEPALIVE_SECONDS = 5.0
 """A connection idle for longer is closed (httpx's default)."""
 HOLD_WRITES_ENV = "SESSIONFLEET_TEST_HOLD_WRITES"
@@ -425,6 +427,8 @@ class Kube:
                     raise error_for(response.status, payload, "watch failed")
                 async for line in _lines(response.aiter_stream()):
                     event = json.loads(line)
+                    if not isinstance(event, dict):
+                        raise ValueError(f"a watch event is an object, not {line[:80]!r}")
                     kind, obj = event.get("type", ""), event.get("object") or {}
                     if kind == "ERROR":
                         raise error_for(int(obj.get("code", 500)), obj, "watch error")
@@ -440,11 +444,17 @@ class Kube:
 
 
 async def _lines(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    """Yield the non-empty lines of a byte stream, however its chunks cut them."""
+    """Yield the non-empty lines of a byte stream, however its chunks cut them.
+
+    A line longer than :data:`MAX_EVENT_BYTES` is a ValueError: no object the API
+    server stores comes near it, and a stream that never ends its line is not kept.
+    """
     pending = b""
     async for chunk in chunks:
         pending += chunk
         *lines, pending = pending.split(b"\n")
+        if len(pending) > MAX_EVENT_BYTES:
+            raise ValueError(f"a watch event over {MAX_EVENT_BYTES} bytes")
         for line in lines:
             if line.strip():
                 yield line
