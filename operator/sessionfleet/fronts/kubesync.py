@@ -455,7 +455,7 @@ class Flusher:
         """Start the writes that are due, spread evenly over each ``tick`` seconds, forever.
 
         Started together, a tick's writes would put their work (here, in the API server
-        and in etcd: ~4.5 ms of CPU each) on the machine at once, and every turn in
+        and in etcd: ~4 ms of CPU each) on the machine at once, and every turn in
         flight would wait behind the burst; spread out, a turn meets at most one write.
         """
         while True:
