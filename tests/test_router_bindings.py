@@ -29,6 +29,9 @@ def worker(
     }
 
 
+VERSIONS = itertools.count(1)
+
+
 def session(
     name: str,
     sid: str,
@@ -49,9 +52,6 @@ def session(
         status["phase"] = phase
     version = rv if rv is not None else str(next(VERSIONS))
     return {"metadata": {"name": name, "resourceVersion": version}, "spec": spec, "status": status}
-
-
-VERSIONS = itertools.count(1)
 
 
 def test_a_session_routes_by_hint_until_bound() -> None:

@@ -313,11 +313,8 @@ class BindingTable:
         """
         meta = obj.get("metadata") or {}
         held = self._sessions.get(str(meta.get("name", "")))
-        if (
-            held is not None
-            and held.resource_version
-            and (held.resource_version == str(meta.get("resourceVersion", "")))
-        ):
+        version = str(meta.get("resourceVersion", ""))
+        if held is not None and version and held.resource_version == version:
             return held
         view = SessionView.from_object(obj)
         self._drop_session(view.name)

@@ -145,6 +145,8 @@ class Kube:
         self._prefix = server.path
         self._origin = origin_of(server)
         self._request_headers = [(k.encode(), v.encode()) for k, v in self._base_headers.items()]
+        # No Accept-Encoding on watches: a stream of small events is sent as it is.
+        self._watch_headers = [h for h in self._request_headers if h[0] != b"Accept-Encoding"]
         self._requests = Connections(
             self._origin,
             connect or factory(context, proxy, KEEPALIVE_SECONDS),
@@ -198,6 +200,14 @@ class Kube:
         if self.write_gate is not None and not self.write_gate():
             raise NotLeading(0, f"{method} {path}: not sent, this process is not the leader")
 
+    def _head(self, headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+        """Return a request's headers: the Host, ``headers`` and the current bearer token."""
+        head = [(b"Host", self._host_header), *headers]
+        token = self.config.bearer_token()
+        if token:
+            head.append((b"Authorization", f"Bearer {token}".encode()))
+        return head
+
     async def _send(
         self,
         method: str,
@@ -208,10 +218,7 @@ class Kube:
         gate: Callable[[str, str], None] | None,
     ) -> dict[str, Any]:
         target = f"{self._prefix}{path}?{urlencode(params)}" if params else self._prefix + path
-        headers = [(b"Host", self._host_header), *self._request_headers]
-        token = self.config.bearer_token()
-        if token:
-            headers.append((b"Authorization", f"Bearer {token}".encode()))
+        headers = self._head(self._request_headers)
         content = b""
         if body is not None:
             content = json.dumps(body).encode()
@@ -404,16 +411,10 @@ class Kube:
         if field_selector:
             params["fieldSelector"] = field_selector
         target = f"{self._prefix}{resource.path(namespace)}?{urlencode(params)}"
-        # No Accept-Encoding: a stream of small events is sent as it is.
-        headers = [(b"Host", self._host_header), (b"Accept", b"application/json")]
-        headers.append((b"User-Agent", self._base_headers["User-Agent"].encode()))
-        token = self.config.bearer_token()
-        if token:
-            headers.append((b"Authorization", f"Bearer {token}".encode()))
         request = httpcore.Request(
             b"GET",
             url_at(self._origin, target),
-            headers=headers,
+            headers=self._head(self._watch_headers),
             extensions={"timeout": {**self._request_timeout, "read": timeout_seconds + 30}},
         )
         connection = self._watch_connect(self._origin)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import ssl
 from collections.abc import Iterable
 from typing import Any
@@ -137,11 +136,9 @@ class AsyncioBackend(httpcore.AsyncNetworkBackend):
             raise httpcore.ConnectTimeout(str(error) or "connect timed out") from error
         except OSError as error:
             raise httpcore.ConnectError(str(error) or repr(error)) from error
-        raw = writer.get_extra_info("socket")
-        if raw is not None:
-            for option in socket_options or ():
-                raw.setsockopt(*option)
-            raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        raw = writer.get_extra_info("socket")  # TCP_NODELAY is asyncio's default already
+        for option in socket_options or ():
+            raw.setsockopt(*option)
         return AsyncioStream(reader, writer)
 
     async def connect_unix_socket(
