@@ -2,10 +2,10 @@
 
 For each request: read the body (bytes, never decoded whole), find the session in the
 headers and the model in the body, look the session's worker up in the in-memory
-table (creating the session on its first turn), forward the bytes to the worker with
-aiohttp's client, and pass the answer back. Streams are written to the client chunk by
-chunk as they arrive; only the last 16 KiB are kept, to read the usage from the final
-chunk. The usage is added to the session's pending delta
+table (creating the session on its first turn), forward the bytes to the worker over a
+kept connection (:mod:`.upstream`), and pass the answer back. Streams are written to the
+client chunk by chunk as they arrive; only the last 16 KiB are kept, to read the usage
+from the final chunk. The usage is added to the session's pending delta
 (:mod:`sessionfleet.fronts.ledger`) after the answer has been sent.
 
 Added latency (``sessionfleet_router_added_latency_seconds``) is the request's time in
@@ -23,10 +23,8 @@ from dataclasses import dataclass, field
 from time import perf_counter
 from typing import Final
 
-import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
-from yarl import URL
 
 from sessionfleet.engines import FORWARDED_SESSION_HEADER
 from sessionfleet.engines.anthropic import error_event, is_messages_path
@@ -51,6 +49,13 @@ from sessionfleet.fronts.routing import bound_worker
 from sessionfleet.fronts.turns import Turns
 from sessionfleet.router.intake import Intake
 from sessionfleet.router.limits import IntakeLimits
+from sessionfleet.router.upstream import (
+    Upstream,
+    UpstreamError,
+    UpstreamResponse,
+    UpstreamTimeout,
+    UpstreamUnreachable,
+)
 
 logger = logging.getLogger("sessionfleet.router")
 
@@ -82,6 +87,8 @@ ENGINE_SESSION_HEADER: Final = "X-Session-ID"
 """vLLM's session header: the router sends the AgentSession's name in it."""
 _CREDENTIALS: Final = frozenset({"authorization", "x-api-key"})
 """With client authentication on, the router consumed these; workers never see them."""
+_CREDENTIAL_SKIP: Final = _REQUEST_SKIP | _CREDENTIALS
+_ENGINE_SESSION_SKIP: Final = frozenset({ENGINE_SESSION_HEADER.lower()})
 _RESPONSE_SKIP: Final = frozenset(
     {"connection", "keep-alive", "transfer-encoding", "content-length", "upgrade", "trailer"}
 )
@@ -111,25 +118,24 @@ def _forward_headers(
     session_name: str | None,
     *,
     strip_credentials: bool,
-) -> CIMultiDict[str]:
-    headers: CIMultiDict[str] = CIMultiDict()
-    for name, value in incoming.items():
-        lower = name.lower()
-        if lower not in _REQUEST_SKIP and not (strip_credentials and lower in _CREDENTIALS):
-            headers.add(name, value)
+) -> list[tuple[str, str]]:
+    skip = _CREDENTIAL_SKIP if strip_credentials else _REQUEST_SKIP
+    if session_name is not None:
+        skip = skip | _ENGINE_SESSION_SKIP
+    headers = [(name, value) for name, value in incoming.items() if name.lower() not in skip]
     if session_id is not None:
-        headers[FORWARDED_SESSION_HEADER] = session_id
+        headers.append((FORWARDED_SESSION_HEADER, session_id))
     if session_name is not None:
         # vLLM hands this header to its KV connector as the request's session; the KV
         # store records the session's blocks under its AgentSession name (docs/kvstore.md).
         # It replaces a client's own x-session-id (OpenCode sends that same header).
-        headers[ENGINE_SESSION_HEADER] = session_name
+        headers.append((ENGINE_SESSION_HEADER, session_name))
     return headers
 
 
-def _response_headers(upstream: CIMultiDictProxy[str], worker: str) -> CIMultiDict[str]:
+def _response_headers(upstream: list[tuple[str, str]], worker: str) -> CIMultiDict[str]:
     headers: CIMultiDict[str] = CIMultiDict()
-    for name, value in upstream.items():
+    for name, value in upstream:
         if name.lower() not in _RESPONSE_SKIP:
             headers.add(name, value)
     headers[WORKER_HEADER] = worker
@@ -158,6 +164,16 @@ class _Turn:
     """Unix time the request arrived: orders a session's turns across replicas."""
     body_bytes: int = 0
     """Bytes of the in-flight body budget this request holds."""
+
+
+def _upstream_failure(worker: WorkerView, error: UpstreamError) -> RouterError:
+    """Return the 502 for a worker's failed answer, with what failed in the message."""
+    if isinstance(error, UpstreamTimeout):
+        return RouterError(
+            502, "upstream_timeout", f"worker {worker.name} did not answer in time: {error}"
+        )
+    code = "upstream_unreachable" if isinstance(error, UpstreamUnreachable) else "upstream_error"
+    return RouterError(502, code, f"worker {worker.name} at {worker.endpoint}: {error}")
 
 
 def _model_object(model: str) -> dict[str, str]:
@@ -195,7 +211,7 @@ class Proxy:
         metrics: RouterMetrics,
         creator: SessionCreator,
         flusher: Flusher,
-        client: aiohttp.ClientSession,
+        upstream: Upstream,
         keys: ApiKeys | None = None,
     ) -> None:
         self.config = config
@@ -206,8 +222,7 @@ class Proxy:
         self.metrics = metrics
         self.creator = creator
         self.flusher = flusher
-        self.client = client
-        self._urls: dict[tuple[str, str], URL] = {}
+        self.upstream = upstream
         self.turns = Turns(table, metrics)
         """Turns in flight here and their holds; the migration handshake reads them."""
 
@@ -368,61 +383,49 @@ class Proxy:
         assert worker is not None and worker.endpoint is not None
         session_id = turn.identity.session_id if turn.identity else None
         session_name = turn.session.name if turn.session is not None else None
-        url = self._url(worker.endpoint, request.path_qs)
         headers = _forward_headers(
             request.headers, session_id, session_name, strip_credentials=self.keys is not None
         )
         self.turns.started(worker, session_name)
         sent = perf_counter()
         try:
-            async with self.client.post(url, data=body, headers=headers) as upstream:
-                turn.waited += perf_counter() - sent
-                length = upstream.content_length
-                streamed = (
-                    upstream.content_type == "text/event-stream"
-                    or length is None
-                    or length > _BUFFERED_RESPONSE_MAX
-                )
-                if streamed:
-                    return await self._stream(request, upstream, turn)
-                waiting = perf_counter()
+            upstream = await self.upstream.post(worker.endpoint, request.path_qs, headers, body)
+        except UpstreamError as error:
+            self.turns.ended(worker, session_name)
+            raise _upstream_failure(worker, error) from error
+        except BaseException:
+            self.turns.ended(worker, session_name)
+            raise
+        try:
+            turn.waited += perf_counter() - sent
+            length = upstream.content_length
+            streamed = (
+                upstream.content_type == "text/event-stream"
+                or length is None
+                or length > _BUFFERED_RESPONSE_MAX
+            )
+            if streamed:
+                return await self._stream(request, upstream, turn)
+            waiting = perf_counter()
+            try:
                 data = await upstream.read()
-                turn.waited += perf_counter() - waiting
-                response = web.Response(
-                    status=upstream.status,
-                    reason=upstream.reason,
-                    body=data,
-                    headers=self._headers(upstream, turn),
-                )
-                if upstream.status == 200:
-                    turn.usage, turn.completed = usage_in_body(data), True
-                return response
-        except TimeoutError as error:
-            raise RouterError(
-                502, "upstream_timeout", f"worker {worker.name} did not answer in time"
-            ) from error
-        except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError) as error:
-            raise RouterError(
-                502, "upstream_unreachable", f"worker {worker.name} at {worker.endpoint}: {error}"
-            ) from error
-        except aiohttp.ClientError as error:
-            raise RouterError(
-                502, "upstream_error", f"worker {worker.name} at {worker.endpoint}: {error!r}"
-            ) from error
+            except UpstreamError as error:
+                raise _upstream_failure(worker, error) from error
+            turn.waited += perf_counter() - waiting
+            response = web.Response(
+                status=upstream.status,
+                reason=upstream.reason,
+                body=data,
+                headers=self._headers(upstream, turn),
+            )
+            if upstream.status == 200:
+                turn.usage, turn.completed = usage_in_body(data), True
+            return response
         finally:
+            upstream.release()
             self.turns.ended(worker, session_name)
 
-    def _url(self, endpoint: str, path: str) -> URL:
-        # Parsing a URL costs more than the dict lookup; a fleet has few distinct ones.
-        key = (endpoint, path)
-        url = self._urls.get(key)
-        if url is None:
-            if len(self._urls) > 4096:
-                self._urls.clear()
-            url = self._urls[key] = URL(endpoint + path, encoded=True)
-        return url
-
-    def _headers(self, upstream: aiohttp.ClientResponse, turn: _Turn) -> CIMultiDict[str]:
+    def _headers(self, upstream: UpstreamResponse, turn: _Turn) -> CIMultiDict[str]:
         assert turn.worker is not None
         headers = _response_headers(upstream.headers, turn.worker.name)
         if turn.session is not None:
@@ -430,7 +433,7 @@ class Proxy:
         return headers
 
     async def _stream(
-        self, request: web.Request, upstream: aiohttp.ClientResponse, turn: _Turn
+        self, request: web.Request, upstream: UpstreamResponse, turn: _Turn
     ) -> web.StreamResponse:
         response = web.StreamResponse(
             status=upstream.status, reason=upstream.reason, headers=self._headers(upstream, turn)
@@ -452,7 +455,8 @@ class Proxy:
             turn.completed = upstream.status == 200
         if broken is not None:
             # The status line is gone already: report the failure in the stream itself.
-            logger.warning("stream from worker %s broke: %r", upstream.url.host, broken)
+            assert turn.worker is not None
+            logger.warning("stream from worker %s broke: %s", turn.worker.name, broken)
             turn.outcome = 502
             anthropic = is_messages_path(request.path)
             await self._write_quietly(response, _stream_error(broken, anthropic=anthropic))
@@ -463,28 +467,27 @@ class Proxy:
     async def _relay(
         self,
         response: web.StreamResponse,
-        upstream: aiohttp.ClientResponse,
+        upstream: UpstreamResponse,
         turn: _Turn,
         head: bytearray,
         tail: bytearray,
-    ) -> BaseException | None:
+    ) -> UpstreamError | None:
         """Pass the worker's chunks on, keeping the first bytes in ``head``, the last in ``tail``.
 
         Returns the worker's error if its stream broke; a client that goes away sets
-        the turn's outcome to 499 and ends the relay (leaving the upstream context then
+        the turn's outcome to 499 and ends the relay (releasing the unfinished answer then
         closes the worker's connection, which ends the request there).
         """
-        chunks = upstream.content.iter_any().__aiter__()
         while True:
             waiting = perf_counter()
             try:
-                chunk = await chunks.__anext__()
-            except StopAsyncIteration:
-                return None
-            except (aiohttp.ClientError, TimeoutError) as error:
+                chunk = await upstream.next_chunk()
+            except UpstreamError as error:
                 return error
             finally:
                 turn.waited += perf_counter() - waiting
+            if not chunk:
+                return None
             if len(head) < HEAD_BYTES:
                 head += chunk[: HEAD_BYTES - len(head)]
             tail += chunk

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-import aiohttp
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
@@ -36,6 +35,7 @@ from sessionfleet.router.collector import tune_collector
 from sessionfleet.router.heads import HeadGuard, bounded_handler, head_limit
 from sessionfleet.router.paths import SERVED_POSTS, only_served_paths
 from sessionfleet.router.proxy import Proxy, RouterConfig
+from sessionfleet.router.upstream import Upstream
 from sessionfleet.supervise import EXIT_TASK_FAILED, Supervisor
 
 logger = logging.getLogger("sessionfleet.router")
@@ -138,28 +138,20 @@ class Router:
         return app
 
     @contextlib.asynccontextmanager
-    async def _client_session(self) -> AsyncIterator[aiohttp.ClientSession]:
-        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60, ttl_dns_cache=300)
-        timeout = aiohttp.ClientTimeout(
-            total=None,
-            connect=self.settings.connect_timeout,
-            sock_read=self.settings.read_timeout,
+    async def _upstream(self) -> AsyncIterator[Upstream]:
+        # Answers pass through byte for byte, compressed or not, as a proxy's should; no
+        # field is added but Host and Content-Length.
+        upstream = Upstream(
+            connect_timeout=self.settings.connect_timeout,
+            read_timeout=self.settings.read_timeout,
         )
-        # auto_decompress=False: compressed answers pass through byte for byte, as a
-        # proxy should. No automatic Accept-Encoding: a client that did not ask for
-        # compression does not get it.
-        async with aiohttp.ClientSession(
-            connector=connector,
-            timeout=timeout,
-            # A proxy keeps no cookies of its own; skipping the jar saves work per turn.
-            cookie_jar=aiohttp.DummyCookieJar(),
-            auto_decompress=False,
-            skip_auto_headers=("Accept-Encoding", "User-Agent"),
-        ) as client:
-            yield client
+        try:
+            yield upstream
+        finally:
+            await upstream.aclose()
 
     async def _lifecycle(self, _: web.Application) -> AsyncIterator[None]:
-        async with self._client_session() as client:
+        async with self._upstream() as upstream:
             self._proxy = Proxy(
                 self.settings.config,
                 self.table,
@@ -167,7 +159,7 @@ class Router:
                 self.metrics,
                 self.creator,
                 self.flusher,
-                client,
+                upstream,
                 self.keys,
             )
             namespace = self.settings.namespace
