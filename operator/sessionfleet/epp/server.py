@@ -129,7 +129,7 @@ class Processor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         exchange = Exchange(self.picker, self.settings.exchange, time.time(), self.budget)
         turn = _Turn()
         messages = _Messages(requests)
-        self.metrics.in_flight.inc()
+        self.metrics.in_flight += 1
         try:
             while True:
                 probe = (self.settings.mode_probe_seconds or None) if exchange.probing else None
@@ -163,7 +163,7 @@ class Processor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         finally:
             messages.cancel()
             exchange.close()
-            self.metrics.in_flight.dec()
+            self.metrics.in_flight -= 1
             self._finish(turn, exchange)
 
     def _took_synchronous(self) -> None:

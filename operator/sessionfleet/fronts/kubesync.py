@@ -24,7 +24,7 @@ import logging
 import math
 import time
 from collections import Counter
-from collections.abc import Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, Final
 
 from pydantic import ValidationError
@@ -147,13 +147,14 @@ class SessionCreator:
         model: str,
         *,
         owner: str | None = None,
-        requester: str = "",
+        requester: Callable[[], str] | None = None,
         placed: str | None = None,
     ) -> tuple[SessionView, bool]:
         """Return the session's view and whether this call created the session.
 
         ``owner`` is the authenticated client (None without authentication);
-        ``requester`` is who the new-session rate limit counts against. Concurrent first
+        ``requester`` returns who the new-session rate limit counts against (called for
+        a new session only: a known session's turn skips the work). Concurrent first
         turns of one session in this replica share one create. ``placed`` is the worker
         the EPP already chose with :func:`place` and sent the turn to (it answers before
         the create, docs/epp.md): it is recorded as it is, since the session's KV cache
@@ -176,7 +177,7 @@ class SessionCreator:
         pending = self._creating.get(name)
         if pending is not None:
             return await asyncio.shield(pending), False
-        wait = self._limiter.admit(requester, time.monotonic())
+        wait = self._limiter.admit(requester() if requester else "", time.monotonic())
         if wait:
             self._metrics.sessions_created.labels("limited").inc()
             raise RouterError(

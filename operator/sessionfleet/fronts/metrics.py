@@ -75,9 +75,11 @@ class RouterMetrics:
             buckets=LATENCY_BUCKETS,
             registry=registry,
         )
-        self.in_flight = Gauge(
+        self.in_flight = 0
+        """Requests in progress: a plain integer on the hot path, read at scrape time."""
+        Gauge(
             "sessionfleet_router_in_flight_requests", "Requests in progress.", registry=registry
-        )
+        ).set_function(lambda: self.in_flight)
         self.held = Gauge(
             "sessionfleet_router_held_turns",
             "Turns waiting for their session to be bound (Migrating, Restoring, Lost).",

@@ -107,6 +107,10 @@ class Intake:
         if not self.budget.reserve(held):
             raise self._busy()
         try:
+            if request.content.is_eof():
+                # The whole body came with the head (most turns' do): nothing to wait for,
+                # so no timer either.
+                return self._whole(request, limit), held
             async with asyncio.timeout(self.limits.body_timeout):
                 body = await self._read(request, limit)
         except TimeoutError:
@@ -120,6 +124,12 @@ class Intake:
             self.budget.release(held)
             raise
         return body, held
+
+    def _whole(self, request: web.Request, limit: int) -> bytes:
+        body = request.content.read_nowait()
+        if len(body) > limit:
+            raise self._too_large()
+        return body
 
     async def _read(self, request: web.Request, limit: int) -> bytes:
         parts: list[bytes] = []

@@ -232,7 +232,7 @@ class Proxy:
         """Route one OpenAI-compatible POST to its worker."""
         start = perf_counter()
         turn = _Turn(started=time.time())
-        self.metrics.in_flight.inc()
+        self.metrics.in_flight += 1
         try:
             response = await self._route(request, turn)
             turn.status = turn.outcome or response.status
@@ -247,7 +247,7 @@ class Proxy:
             raise
         finally:
             self.intake.budget.release(turn.body_bytes)
-            self.metrics.in_flight.dec()
+            self.metrics.in_flight -= 1
             self.metrics.request(turn.route, turn.status, perf_counter() - start - turn.waited)
             if turn.completed:
                 self._account(turn)
@@ -286,12 +286,15 @@ class Proxy:
         if not self.table.synced:
             await self._wait_synced(turn)
         if identity is not None:
-            requester = requester_key(
-                owner,
-                request.remote,
-                request.headers.getall(FORWARDED_FOR, ()),
-                self.config.trusted_proxies,
-            )
+
+            def requester() -> str:
+                return requester_key(
+                    owner,
+                    request.remote,
+                    request.headers.getall(FORWARDED_FOR, ()),
+                    self.config.trusted_proxies,
+                )
+
             session, turn.created = await self.creator.ensure(
                 identity, model, owner=owner, requester=requester
             )
