@@ -183,6 +183,12 @@ BENCH_HEADS_ARGS ?=
 bench-router-heads: $(STAMP)
 	$(PY) bench/router/heads.py --out build/bench-router-heads.json $(BENCH_HEADS_ARGS)
 
+# CPU per request of the router's client for workers (router/upstream.py) against
+# aiohttp's client, on a trivial local server (bench/README.md, "Router: the tail"; ~20 s).
+.PHONY: bench-router-client
+bench-router-client: $(STAMP)
+	$(PY) bench/router/client_cpu.py --out build/bench-router-client.json
+
 # What one usage write costs the router, kube-apiserver and etcd, in CPU per write
 # (bench/README.md, "Router: the tail"), against the local control plane.
 .PHONY: bench-usage-writes

@@ -4,10 +4,10 @@ A proxy needs little of a general HTTP client: the request's body is bytes alrea
 headers are checked, and the target is a worker's ``http://<podIP>:<port>``. aiohttp's
 client builds per request a URL, a request object with automatic headers, cookies and a
 payload lookup, a response object, a timer, and on Python 3.11 a task to write the body:
-92 µs of CPU per request in a loop at 64 connections, against 27 µs for writing the
-request and reading the answer with a protocol of its own (bench/README.md, "Router: the
-tail"), a third of the router's CPU per turn. This module is that protocol, with the
-bounds an answer from a worker that misbehaves needs:
+96 µs of CPU per request in a loop at 64 connections, against 39 µs for this module
+(``bench/router/client_cpu.py``; bench/README.md, "Router: the tail"), and the difference
+was a fifth of the router's CPU per turn. This module is the part of HTTP/1.1 a proxy
+uses, with the bounds an answer from a worker that misbehaves needs:
 
 * the answer's head (status line and fields) is at most 64 KiB and 128 fields; a field
   or status line that is not HTTP/1.1's syntax is an error, not a guess;
@@ -115,7 +115,7 @@ class _Connection(asyncio.Protocol):
         self.read_timeout = read_timeout
         self.transport: asyncio.Transport | None = None
         self.buffer = bytearray()
-        self.ended: BaseException | None = None
+        self.ended: UpstreamUnreachable | None = None
         """Why no more bytes will come (the worker closed it, or it failed); None: open."""
         self.closed_cleanly = False
         """The worker ended the connection in order (not a reset or an error)."""
@@ -155,7 +155,7 @@ class _Connection(asyncio.Protocol):
 
     # reading, for one answer at a time
 
-    def _end(self, why: BaseException) -> None:
+    def _end(self, why: UpstreamUnreachable) -> None:
         if self.ended is None:
             self.ended = why
         self._wake(None)
@@ -171,7 +171,7 @@ class _Connection(asyncio.Protocol):
     async def more(self) -> None:
         """Wait for bytes past those in the buffer; raise when none will come in time."""
         if self.ended is not None:
-            raise self.ended
+            raise UpstreamUnreachable(*self.ended.args)  # a new one: no traceback piles up
         self._waiter = self.loop.create_future()
         self._wait_since = self.loop.time()
         if self._timer is None:
