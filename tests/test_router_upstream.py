@@ -500,6 +500,24 @@ async def test_concurrent_turns_each_get_a_connection(
         assert answers == [b"%d" % n for n in range(64)]
     assert client.opened == 64 and client.idle_count() == 64
     await client.aclose()
+    assert client.idle_count() == 0
+
+
+async def test_an_answer_ending_after_the_pool_closed_closes_its_connection(
+    serve: Callable[[Answer], Awaitable[Scripted]],
+) -> None:
+    server = await serve(fixed(OK))
+    client = pool()
+    response = await client.post(f"http://127.0.0.1:{server.port}", "/", [], b"")
+    await client.aclose()  # shutting down with a turn in flight
+    assert await response.read() == b'{"a": true}'
+    response.release()
+    assert client.idle_count() == 0
+    for _ in range(100):
+        if server.closed_by_client:
+            break
+        await asyncio.sleep(0.02)
+    assert server.closed_by_client == 1
 
 
 @pytest.mark.parametrize(

@@ -417,6 +417,7 @@ class Upstream:
         self._idle: dict[str, deque[_Connection]] = {}
         self._targets: dict[str, _Target] = {}
         self._swept = 0.0
+        self._closed = False
         self.opened = 0
         """Connections opened so far (tests and metrics read it)."""
 
@@ -504,7 +505,7 @@ class Upstream:
         idle = self._idle.get(key)
         if idle is None:
             idle = self._idle[key] = deque()
-        if len(idle) >= MAX_IDLE_PER_WORKER:
+        if self._closed or len(idle) >= MAX_IDLE_PER_WORKER:
             connection.close()
         else:
             idle.append(connection)
@@ -532,6 +533,7 @@ class Upstream:
 
     async def aclose(self) -> None:
         """Close every idle connection (those in use close when their answers end)."""
+        self._closed = True
         for idle in self._idle.values():
             for connection in idle:
                 connection.close()
