@@ -411,6 +411,22 @@ async def test_a_large_answer_not_taken_pauses_reading(
     await client.aclose()
 
 
+@pytest.mark.parametrize("size", [READ_HIGH_WATER + 1, 1 << 20])
+async def test_an_answer_past_the_read_pause_is_read_whole(
+    serve: Callable[[Answer], Awaitable[Scripted]], size: int
+) -> None:
+    body = bytes(range(256)) * (size // 256) + b"z" * (size % 256)
+    answer = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+    server = await serve(fixed(answer))
+    client = pool(read_timeout=5.0)
+    for _ in range(2):
+        response = await client.post(f"http://127.0.0.1:{server.port}", "/", [], b"")
+        assert await asyncio.wait_for(response.read(), 5) == body
+        response.release()
+    assert client.opened == 1
+    await client.aclose()
+
+
 async def test_an_answer_left_unread_closes_its_connection(
     serve: Callable[[Answer], Awaitable[Scripted]],
 ) -> None:

@@ -293,14 +293,11 @@ class UpstreamResponse:
         self._until_close, self._keep = True, False
 
     async def read(self) -> bytes:
-        """Return the rest of the body, all of it (for answers of a known, bounded length)."""
-        connection = self._connection
-        if self.content_length is not None:
-            while len(connection.buffer) < self._remaining:
-                await self._more()
-            data = connection.take(self._remaining)
-            self._remaining, self._done = 0, True
-            return data
+        """Return the rest of the body, all of it (for answers of a known, bounded length).
+
+        Taken piece by piece as it arrives, so that reading, paused past
+        :data:`READ_HIGH_WATER`, resumes: an answer is usually one piece.
+        """
         parts = []
         while chunk := await self.next_chunk():
             parts.append(chunk)
