@@ -107,6 +107,13 @@ def pool(read_timeout: float = 5.0, **kwargs: object) -> Upstream:
     return Upstream(connect_timeout=2.0, read_timeout=read_timeout, **kwargs)  # type: ignore[arg-type]
 
 
+async def closed_by_client(server: Scripted, within: float = 2.0) -> None:
+    """Wait (a bounded time) for the client to close a connection to ``server``."""
+    deadline = asyncio.get_running_loop().time() + within
+    while not server.closed_by_client and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.02)
+
+
 async def whole(response: UpstreamResponse) -> bytes:
     parts = []
     while chunk := await response.next_chunk():
@@ -442,10 +449,7 @@ async def test_an_answer_left_unread_closes_its_connection(
     response = await client.post(f"http://127.0.0.1:{server.port}", "/", [], b"")
     assert await response.next_chunk() == b"abc"
     response.release()  # the client left mid-answer
-    for _ in range(100):
-        if server.closed_by_client:
-            break
-        await asyncio.sleep(0.02)
+    await closed_by_client(server)
     assert server.closed_by_client == 1  # the worker saw its client leave
     assert client.idle_count() == 0
     await client.aclose()
@@ -529,10 +533,7 @@ async def test_an_answer_ending_after_the_pool_closed_closes_its_connection(
     assert await response.read() == b'{"a": true}'
     response.release()
     assert client.idle_count() == 0
-    for _ in range(100):
-        if server.closed_by_client:
-            break
-        await asyncio.sleep(0.02)
+    await closed_by_client(server)
     assert server.closed_by_client == 1
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ssl
-from collections.abc import Iterable
+from collections.abc import Awaitable, Iterable
 from typing import Any
 
 import httpcore
@@ -115,6 +115,19 @@ class AsyncioStream(httpcore.AsyncNetworkStream):
         return None
 
 
+async def _connected(
+    opening: Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]], timeout: float | None
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """Await a connection within ``timeout`` seconds; a failure is httpcore's connect error."""
+    try:
+        async with asyncio.timeout(timeout):
+            return await opening
+    except TimeoutError as error:
+        raise httpcore.ConnectTimeout(str(error) or "connect timed out") from error
+    except OSError as error:
+        raise httpcore.ConnectError(str(error) or repr(error)) from error
+
+
 class AsyncioBackend(httpcore.AsyncNetworkBackend):
     """Opens :class:`AsyncioStream` connections (TCP; TLS through ``start_tls``)."""
 
@@ -127,15 +140,12 @@ class AsyncioBackend(httpcore.AsyncNetworkBackend):
         socket_options: Iterable[SocketOption] | None = None,
     ) -> httpcore.AsyncNetworkStream:
         """Connect to ``host``:``port`` within ``timeout`` seconds."""
-        try:
-            async with asyncio.timeout(timeout):
-                reader, writer = await asyncio.open_connection(
-                    host, port, local_addr=(local_address, 0) if local_address else None
-                )
-        except TimeoutError as error:
-            raise httpcore.ConnectTimeout(str(error) or "connect timed out") from error
-        except OSError as error:
-            raise httpcore.ConnectError(str(error) or repr(error)) from error
+        reader, writer = await _connected(
+            asyncio.open_connection(
+                host, port, local_addr=(local_address, 0) if local_address else None
+            ),
+            timeout,
+        )
         raw = writer.get_extra_info("socket")  # TCP_NODELAY is asyncio's default already
         for option in socket_options or ():
             raw.setsockopt(*option)
@@ -148,13 +158,7 @@ class AsyncioBackend(httpcore.AsyncNetworkBackend):
         socket_options: Iterable[SocketOption] | None = None,
     ) -> httpcore.AsyncNetworkStream:
         """Connect to the Unix socket at ``path`` within ``timeout`` seconds."""
-        try:
-            async with asyncio.timeout(timeout):
-                reader, writer = await asyncio.open_unix_connection(path)
-        except TimeoutError as error:
-            raise httpcore.ConnectTimeout(str(error) or "connect timed out") from error
-        except OSError as error:
-            raise httpcore.ConnectError(str(error) or repr(error)) from error
+        reader, writer = await _connected(asyncio.open_unix_connection(path), timeout)
         return AsyncioStream(reader, writer)
 
     async def sleep(self, seconds: float) -> None:

@@ -390,43 +390,42 @@ class Proxy:
             request.headers, session_id, session_name, strip_credentials=self.keys is not None
         )
         self.turns.started(worker, session_name)
-        sent = perf_counter()
         try:
+            sent = perf_counter()
             upstream = await self.upstream.post(worker.endpoint, request.path_qs, headers, body)
-        except UpstreamError as error:
-            self.turns.ended(worker, session_name)
-            raise _upstream_failure(worker, error) from error
-        except BaseException:
-            self.turns.ended(worker, session_name)
-            raise
-        try:
             turn.waited += perf_counter() - sent
-            length = upstream.content_length
-            streamed = (
-                upstream.content_type == "text/event-stream"
-                or length is None
-                or length > _BUFFERED_RESPONSE_MAX
-            )
-            if streamed:
-                return await self._stream(request, upstream, turn)
-            waiting = perf_counter()
             try:
-                data = await upstream.read()
-            except UpstreamError as error:
-                raise _upstream_failure(worker, error) from error
-            turn.waited += perf_counter() - waiting
-            response = web.Response(
-                status=upstream.status,
-                reason=upstream.reason,
-                body=data,
-                headers=self._headers(upstream, turn),
-            )
-            if upstream.status == 200:
-                turn.usage, turn.completed = usage_in_body(data), True
-            return response
+                return await self._answer(request, upstream, turn)
+            finally:
+                upstream.release()
+        except UpstreamError as error:
+            raise _upstream_failure(worker, error) from error
         finally:
-            upstream.release()
             self.turns.ended(worker, session_name)
+
+    async def _answer(
+        self, request: web.Request, upstream: UpstreamResponse, turn: _Turn
+    ) -> web.StreamResponse:
+        """Pass the worker's answer on: streamed as it comes, or read whole and sent at once."""
+        length = upstream.content_length
+        if (
+            upstream.content_type == "text/event-stream"
+            or length is None
+            or length > _BUFFERED_RESPONSE_MAX
+        ):
+            return await self._stream(request, upstream, turn)
+        waiting = perf_counter()
+        data = await upstream.read()
+        turn.waited += perf_counter() - waiting
+        response = web.Response(
+            status=upstream.status,
+            reason=upstream.reason,
+            body=data,
+            headers=self._headers(upstream, turn),
+        )
+        if upstream.status == 200:
+            turn.usage, turn.completed = usage_in_body(data), True
+        return response
 
     def _headers(self, upstream: UpstreamResponse, turn: _Turn) -> CIMultiDict[str]:
         assert turn.worker is not None

@@ -149,9 +149,7 @@ class _Connection(asyncio.Protocol):
             self._end(UpstreamUnreachable("the worker closed the connection"))
         else:
             self._end(UpstreamUnreachable(f"the connection to the worker failed: {exc!r}"))
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self._stop_timer()
 
     # reading, for one answer at a time
 
@@ -221,6 +219,9 @@ class _Connection(asyncio.Protocol):
         """Close the connection (the worker sees the client leave)."""
         if self.transport is not None:
             self.transport.close()
+        self._stop_timer()
+
+    def _stop_timer(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
